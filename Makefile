@@ -1,0 +1,27 @@
+# Single entry points. `make quickstart` and `make test` set up .venv first if needed.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup quickstart test bench clean-venv
+
+$(STAMP): setup.py
+	@PY310=$$(scripts/find_python310.sh) || exit 1; \
+	[ -x $(PY) ] || $$PY310 -m venv $(VENV); \
+	$(PY) -m pip install -q --upgrade pip && \
+	$(PY) -m pip install -e ".[test]" && touch $(STAMP)
+
+setup: $(STAMP)
+
+quickstart: $(STAMP)
+	$(PY) -m basebn.train configs/quickstart.py output_dir=runs/quickstart
+	$(PY) -m basebn.test configs/quickstart.py -w runs/quickstart
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+clean-venv:
+	rm -rf $(VENV)

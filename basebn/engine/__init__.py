@@ -1,0 +1,1 @@
+"""Training engine: trainer, hooks, checkpoints, schedules, precise BN, EMA."""
