@@ -1,0 +1,152 @@
+"""Load an experiment file, apply KEY=VALUE overrides, and check every key against the schema."""
+import ast
+import difflib
+import importlib.util
+import math
+import os
+from collections.abc import Mapping
+
+from .defaults import BaseConfig
+
+__all__ = ["ConfigError", "load_config", "parse_overrides", "flatten", "config_diff"]
+
+
+class ConfigError(ValueError):
+    """A config file or override a user must fix; the message says how."""
+
+
+def flatten(d, prefix=""):
+    """{'a': {'b': 1}} -> {'a.b': 1}"""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _nearest(key, valid):
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if not close:  # match on the last component, e.g. "max_epochs" -> "solver.max_epoch"
+        leaf = {k.rsplit(".", 1)[-1]: k for k in valid}
+        hits = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(leaf), n=1, cutoff=0.6)
+        close = [leaf[h] for h in hits]
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _parse_value(text, default):
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text  # bare words are strings: model.name=resnet20
+    if isinstance(value, str) and text.lower().lstrip("+-") in ("inf", "infinity", "nan"):
+        value = float(text)
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    return value
+
+
+def _check_type(key, value, default):
+    if default is None or value is None:
+        return
+    bad = (isinstance(default, bool) and not isinstance(value, bool)) or (
+        isinstance(default, (int, float)) and not isinstance(default, bool)
+        and (isinstance(value, bool) or not isinstance(value, (int, float)))
+    ) or (isinstance(default, str) and not isinstance(value, str)) or (
+        isinstance(default, (tuple, list)) and not isinstance(value, (tuple, list))
+    )
+    if bad:
+        raise ConfigError(
+            f"config key {key!r} expects a {type(default).__name__} like {default!r}, got {value!r}"
+        )
+
+
+def check_keys(flat, schema, source):
+    for key, value in flat.items():
+        if key not in schema:
+            # a whole sub-dict given where the schema has one is fine only if its keys are known
+            raise ConfigError(f"unknown config key {key!r} in {source}{_nearest(key, list(schema))}")
+        _check_type(key, value, schema[key])
+
+
+def parse_overrides(pairs, schema):
+    """['solver.max_epoch=3', ...] -> {'solver.max_epoch': 3}, validated against the flat schema."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"override {pair!r} is not KEY=VALUE (e.g. solver.max_epoch=3)")
+        key, text = pair.split("=", 1)
+        key = key.strip()
+        if key not in schema:
+            raise ConfigError(f"unknown config key {key!r} on the command line{_nearest(key, list(schema))}")
+        value = _parse_value(text, schema[key])
+        _check_type(key, value, schema[key])
+        out[key] = value
+    return out
+
+
+def _load_file(path):
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist (configs/ holds the shipped ones)")
+    spec = importlib.util.spec_from_file_location(f"basebn_cfg_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file: say which and what broke
+        raise ConfigError(f"config file {path!r} failed to load: {type(exc).__name__}: {exc}") from exc
+    if hasattr(module, "Cfg"):
+        cfg = module.Cfg()
+        if not isinstance(cfg, BaseConfig):
+            raise ConfigError(f"{path}: Cfg must derive from basebn.config.BaseConfig")
+        return cfg
+    raise ConfigError(f"config file {path!r} defines no `Cfg` class (class Cfg(BaseConfig): ...)")
+
+
+def load_config(path, overrides=()):
+    """Return the resolved BaseConfig for experiment file `path` plus KEY=VALUE `overrides`."""
+    cfg = _load_file(path)
+    schema = flatten(BaseConfig())
+    check_keys(flatten(cfg), schema, path)
+    for key, value in parse_overrides(overrides, schema).items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    if cfg.output_dir is None:
+        cfg.output_dir = os.path.join("runs", os.path.splitext(os.path.basename(path))[0])
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg):
+    """Value checks that types alone cannot catch."""
+    s = cfg.solver
+    checks = [
+        (cfg.batch_size >= 1, "batch_size must be >= 1"),
+        (cfg.num_classes >= 2, "num_classes must be >= 2"),
+        (s.max_epoch >= 1, "solver.max_epoch must be >= 1"),
+        (s.optimizer in ("sgd", "adamw"), "solver.optimizer must be 'sgd' or 'adamw'"),
+        (s.lr_schedule in ("cosine", "step", "linear"), "solver.lr_schedule must be cosine, step or linear"),
+        (s.accumulation_steps >= 1, "solver.accumulation_steps must be >= 1"),
+        (s.grad_clip.name in (None, "norm", "value"), "solver.grad_clip.name must be None, 'norm' or 'value'"),
+        (0 <= cfg.loss.label_smooth < 1, "loss.label_smooth must be in [0, 1)"),
+        (cfg.bn.precise_method in ("pooled", "batch_average"), "bn.precise_method must be pooled or batch_average"),
+        (0 <= cfg.bn.momentum <= 1, "bn.momentum must be in [0, 1]"),
+        (cfg.model_ema.update_period >= 1, "model_ema.update_period must be >= 1"),
+        (cfg.eval_every_n_epoch > 0 and cfg.save_every_n_epoch > 0, "eval/save_every_n_epoch must be > 0 (inf = off)"),
+        (cfg.bn.precise_every_n_epoch == -1 or cfg.bn.precise_every_n_epoch > 0,
+         "bn.precise_every_n_epoch must be > 0, -1 (after the last epoch) or inf (off)"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+
+
+def config_diff(cfg):
+    """Flat {key: value} of what differs from the defaults."""
+    base = flatten(BaseConfig())
+    return {k: v for k, v in flatten(cfg).items() if k not in base or base[k] != v
+            and not (isinstance(v, float) and isinstance(base[k], float) and math.isnan(v) and math.isnan(base[k]))}

@@ -1,0 +1,37 @@
+"""Top-1/top-5/loss over a loader; exact across ranks (each sample counted once) and fine single-process."""
+import numpy as np
+
+import megengine as mge
+import megengine.functional as F
+
+from .. import dist
+from .progress import progress_bar
+
+__all__ = ["evaluate", "topk_correct"]
+
+
+def topk_correct(logits, labels, ks=(1, 5)):
+    """Number of samples whose label is among the top-k logits, per k (numpy, ties broken by index)."""
+    order = np.argsort(-logits, axis=1, kind="stable")
+    hits = order == labels[:, None]
+    return [int(hits[:, :min(k, logits.shape[1])].any(axis=1).sum()) for k in ks]
+
+
+def evaluate(model, loader, desc="eval"):
+    """Evaluate `model` in eval mode; returns {'top1', 'top5', 'loss', 'images'} summed over all ranks."""
+    modes = [(m, m.training) for m in model.modules()]  # restored one by one: keeps bn.norm_eval intact
+    model.eval()
+    totals = np.zeros(4, dtype=np.float64)  # images, top1 hits, top5 hits, loss sum
+    try:
+        for images, labels in progress_bar(loader, desc=desc, total=len(loader)):
+            logits = model(mge.tensor(images))
+            loss = F.nn.cross_entropy(logits, mge.tensor(labels), reduction="sum")
+            top1, top5 = topk_correct(logits.numpy(), np.asarray(labels))
+            totals += (len(labels), top1, top5, float(loss.numpy()))
+    finally:
+        for m, training in modes:
+            m.training = training
+    n, top1, top5, loss = dist.all_reduce_sum(totals)
+    if n == 0:
+        raise ValueError("evaluation saw no images: the test set is empty")
+    return {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": loss / n, "images": int(n)}

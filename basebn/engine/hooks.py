@@ -1,0 +1,206 @@
+"""Thin hooks on basecore's BaseHook. Each calls a plain function that also works without the trainer."""
+import json
+import math
+import os
+import random
+import time
+
+import numpy as np
+from basecore.engine import BaseHook
+from loguru import logger
+
+from .. import dist
+from .checkpoint import BEST, FINAL, LATEST, atomic_write_bytes, model_state, save_checkpoint
+from .evaluate import evaluate
+from .lr_schedule import lr_at
+
+__all__ = ["LRScheduleHook", "EMAHook", "LoggerHook", "PreciseBNHook", "EvalHook", "CheckpointHook",
+           "default_hooks", "every_n_epochs"]
+
+
+def every_n_epochs(epoch, max_epoch, n):
+    """True after epoch `epoch` (1-based) for interval n; inf = never, -1 = only after the last; always at the end."""
+    if epoch == max_epoch and n != math.inf:
+        return True
+    return n not in (math.inf, -1) and epoch % int(n) == 0
+
+
+class LRScheduleHook(BaseHook):
+    """Sets the lr of every param group before each iteration (per-iteration schedule with warm-up)."""
+
+    def __init__(self, base_lr):
+        self.base_lr = base_lr
+
+    def before_iter(self):
+        t = self.trainer
+        lr = lr_at(t.global_iter, t.iters_per_epoch, t.cfg.solver, self.base_lr)
+        for group in t.optimizer.param_groups:
+            group["lr"] = lr
+
+
+class EMAHook(BaseHook):
+    """Updates trainer.ema after each iteration: copies the model before start_epoch, then averages."""
+
+    def after_iter(self):
+        from .ema import ema_should_update
+
+        t, c = self.trainer, self.trainer.cfg.model_ema
+        action = ema_should_update(t.global_iter, t.progress.epoch - 1, c.start_epoch, c.update_period)
+        if action == "update":
+            t.ema.update(t.model)
+        elif action == "copy":
+            t.ema.copy_from(t.model)
+
+
+class LoggerHook(BaseHook):
+    """Logs iteration, loss, lr, batch top-1, data/step time, images/s and ETA every n iterations."""
+
+    def __init__(self, every_n_iter):
+        self.every = max(1, int(every_n_iter))
+        self.window = []
+
+    def before_epoch(self):
+        self.window = []
+        self.epoch_start = time.perf_counter()
+
+    def after_iter(self):
+        t = self.trainer
+        self.window.append(t.meter)
+        if t.progress.iter % self.every and t.progress.iter != t.iters_per_epoch:
+            return
+        w = self.window
+        step = np.mean([m["data_time"] + m["step_time"] for m in w])
+        images = sum(m["batch"] for m in w) * dist.get_world_size()
+        seconds = sum(m["data_time"] + m["step_time"] for m in w)
+        left = t.iters_per_epoch * t.progress.max_epoch - t.global_iter - 1
+        logger.info(
+            f"epoch {t.progress.epoch}/{t.progress.max_epoch} iter {t.progress.iter}/{t.iters_per_epoch} "
+            f"loss {np.mean([m['loss'] for m in w]):.4f} lr {w[-1]['lr']:.5f} "
+            f"top1 {np.mean([m['top1'] for m in w]):.2f} data {np.mean([m['data_time'] for m in w]):.3f}s "
+            f"step {np.mean([m['step_time'] for m in w]):.3f}s {images / max(seconds, 1e-9):.0f} img/s "
+            f"eta {_fmt_seconds(left * step)}"
+        )
+        self.window = []
+
+
+def _fmt_seconds(s):
+    s = int(s)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class PreciseBNHook(BaseHook):
+    """Recomputes BN population statistics (model and EMA) before evaluation and checkpointing."""
+
+    def __init__(self, loader, every_n_epoch, num_samples, method):
+        self.loader, self.every, self.num_samples, self.method = loader, every_n_epoch, num_samples, method
+
+    def after_epoch(self):
+        from .precise_bn import update_bn_stats
+
+        t = self.trainer
+        if self.every == math.inf or not every_n_epochs(t.progress.epoch, t.progress.max_epoch, self.every):
+            return
+        self.loader.set_epoch(t.progress.epoch - 1)
+        logger.info(f"precise BN ({self.method}) on {self.num_samples} samples after epoch {t.progress.epoch}")
+        update_bn_stats(t.model, self.loader, self.num_samples, method=self.method)
+        if t.ema is not None:  # averaged BN buffers are not population statistics of the averaged weights
+            update_bn_stats(t.ema.module, self.loader, self.num_samples, method=self.method)
+
+
+class EvalHook(BaseHook):
+    """Evaluates model (and EMA) every n epochs and after the last; appends to metrics.jsonl on rank 0."""
+
+    def __init__(self, loader, every_n_epoch, run_dir):
+        self.loader, self.every, self.path = loader, every_n_epoch, os.path.join(run_dir, "metrics.jsonl")
+
+    def after_epoch(self):
+        t = self.trainer
+        epoch = t.progress.epoch
+        if not every_n_epochs(epoch, t.progress.max_epoch, self.every):
+            t.last_metrics = None
+            return
+        m = {"epoch": epoch, **evaluate(t.model, self.loader, desc=f"eval epoch {epoch}")}
+        if t.ema is not None:
+            e = evaluate(t.ema.module, self.loader, desc=f"eval EMA epoch {epoch}")
+            m.update({f"ema_{k}": v for k, v in e.items() if k != "images"})
+        t.last_metrics = m
+        msg = f"epoch {epoch} eval: top1 {m['top1']:.2f} top5 {m['top5']:.2f} loss {m['loss']:.4f} ({m['images']} images)"
+        if "ema_top1" in m:
+            msg += f" | EMA top1 {m['ema_top1']:.2f} top5 {m['ema_top5']:.2f}"
+        logger.info(msg)
+        if dist.is_main_process():
+            with open(self.path, "a") as f:
+                f.write(json.dumps(m) + "\n")
+
+
+def truncate_metrics(run_dir, last_epoch):
+    """On resume, drop metrics.jsonl lines of epochs the resumed run will redo (atomically)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        kept = [line for line in f if line.strip() and json.loads(line)["epoch"] <= last_epoch]
+    atomic_write_bytes(path, "".join(kept).encode())
+
+
+class CheckpointHook(BaseHook):
+    """latest.pkl after every epoch, epoch_N.pkl every n epochs, best.pkl by top-1, final.pkl at the end."""
+
+    def __init__(self, run_dir, every_n_epoch):
+        self.run_dir, self.every = run_dir, every_n_epoch
+
+    def payload(self):
+        t = self.trainer
+        return {
+            "model": model_state(t.model),
+            "ema": t.ema.state_dict() if t.ema is not None else None,
+            "optimizer": t.optimizer_state(),
+            "scaler": _scaler_state(t.grad_scaler),
+            "epoch": t.progress.epoch,  # completed epochs
+            "best_top1": t.best_top1,
+            "rng": {"numpy": np.random.get_state(), "python": random.getstate()},
+            "config": t.cfg.to_dict(),
+        }
+
+    def after_epoch(self):
+        t = self.trainer
+        m = getattr(t, "last_metrics", None)
+        improved = m is not None and (t.best_top1 is None or m["top1"] > t.best_top1)
+        if improved:
+            t.best_top1 = m["top1"]
+        if not dist.is_main_process():
+            return
+        payload = self.payload()
+        save_checkpoint(os.path.join(self.run_dir, LATEST), payload)
+        if self.every != math.inf and t.progress.epoch % int(self.every) == 0:
+            save_checkpoint(os.path.join(self.run_dir, f"epoch_{t.progress.epoch}.pkl"), payload)
+        if improved:
+            save_checkpoint(os.path.join(self.run_dir, BEST), payload)
+
+    def after_train(self):
+        t = self.trainer
+        if dist.is_main_process():
+            save_checkpoint(os.path.join(self.run_dir, FINAL), {
+                "model": model_state(t.model),
+                "ema": t.ema.state_dict() if t.ema is not None else None,
+                "epoch": t.progress.max_epoch, "config": t.cfg.to_dict(), "metrics": getattr(t, "last_metrics", None),
+            })
+            logger.info(f"final weights: {os.path.join(self.run_dir, FINAL)}")
+
+
+def _scaler_state(scaler):
+    return None if scaler is None else {k: v for k, v in vars(scaler).items() if isinstance(v, (int, float, bool))}
+
+
+def default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader):
+    """The hook order matters: lr before the step; EMA after it; precise BN before eval; eval before checkpoints."""
+    hooks = [LRScheduleHook(base_lr)]
+    if cfg.model_ema.enabled:
+        hooks.append(EMAHook())
+    hooks.append(LoggerHook(cfg.log_every_n_iter))
+    if cfg.bn.precise_every_n_epoch != math.inf:
+        hooks.append(PreciseBNHook(precise_loader, cfg.bn.precise_every_n_epoch, cfg.bn.num_samples_precise,
+                                   cfg.bn.precise_method))
+    hooks.append(EvalHook(test_loader, cfg.eval_every_n_epoch, run_dir))
+    hooks.append(CheckpointHook(run_dir, cfg.save_every_n_epoch))
+    return hooks

@@ -1,0 +1,17 @@
+"""loguru set-up: rank 0 logs INFO to stderr and to RUN_DIR/log.txt; other ranks log warnings only."""
+import os
+import sys
+
+from loguru import logger
+
+from .. import dist
+
+
+def setup_logging(run_dir=None):
+    logger.remove()
+    rank = dist.get_rank()
+    fmt = "<green>{time:HH:mm:ss}</green> " + (f"[rank {rank}] " if dist.get_world_size() > 1 else "") + "{message}"
+    logger.add(sys.stderr, level="INFO" if rank == 0 else "WARNING", format=fmt)
+    if run_dir is not None and rank == 0:
+        os.makedirs(run_dir, exist_ok=True)
+        logger.add(os.path.join(run_dir, "log.txt"), level="INFO", format="{time:YYYY-MM-DD HH:mm:ss} {message}")

@@ -1,0 +1,169 @@
+"""ClsTrainer: one training iteration (forward, backward, gradient all-reduce, clip, step).
+
+Everything around the iteration (lr, EMA, logging, precise BN, evaluation, checkpoints) is a hook.
+"""
+import math
+import time
+
+import numpy as np
+
+import megengine as mge
+import megengine.functional as F
+import megengine.optimizer as optim
+from basecore.engine import BaseTrainer
+
+from .. import dist
+
+__all__ = ["ClsTrainer", "NonFiniteLossError", "set_norm_eval"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Loss became NaN/inf; the run stops before the optimizer step, leaving the last checkpoint intact."""
+
+
+def set_norm_eval(model):
+    """Put every BatchNorm-family layer in eval mode (frozen statistics), keeping the rest in train mode."""
+    from .optimizer import NORM_TYPES
+
+    for m in model.modules():
+        if isinstance(m, NORM_TYPES) and hasattr(m, "running_mean"):
+            m.eval()
+
+
+class ClsTrainer(BaseTrainer):
+    """Image-classification trainer.
+
+    Attributes beyond BaseTrainer's: cfg, optimizer, grad_manager, ema (ModelEMA or None),
+    meter (values of the last iteration for the logger), iters_per_epoch.
+    """
+
+    def __init__(self, cfg, model, train_loader, optimizer, grad_manager, hooks=None, ema=None, grad_scaler=None):
+        super().__init__(model, train_loader, solver=None, hooks=hooks)
+        self.cfg = cfg
+        self.optimizer = optimizer
+        self.grad_manager = grad_manager
+        self.grad_scaler = grad_scaler
+        self.ema = ema
+        self.params = list(model.parameters())
+        self.iters_per_epoch = len(train_loader)
+        self.accum = cfg.solver.accumulation_steps
+        self.meter = {}
+        self._epoch_iter = None
+        self._forward_backward = self._build_step()
+
+    # -- the step -------------------------------------------------------------------------------
+    def _loss(self, images, labels):
+        logits = self.model(images)
+        loss = F.nn.cross_entropy(logits, labels, label_smooth=self.cfg.loss.label_smooth)
+        return loss, logits
+
+    def _build_step(self):
+        def forward_backward(images, labels):
+            with self.grad_manager:
+                if self.grad_scaler is not None:
+                    with mge.amp.autocast(enabled=True):
+                        loss, logits = self._loss(images, labels)
+                    self.grad_scaler.backward(self.grad_manager, loss / self.accum)
+                else:
+                    loss, logits = self._loss(images, labels)
+                    self.grad_manager.backward(loss / self.accum)
+            return loss, logits
+
+        if self.cfg.trace:
+            from megengine.jit import trace
+
+            from ..layers.conv import fast_cpu_weight_grad
+
+            fast_cpu_weight_grad(False)  # the numpy weight-gradient tap cannot be traced
+            return trace(forward_backward, symbolic=True)
+        return forward_backward
+
+    @property
+    def global_iter(self):
+        """0-based index of the current iteration over the whole run."""
+        p = self.progress
+        return (p.epoch - 1) * self.iters_per_epoch + p.iter - 1
+
+    def before_epoch(self):
+        self.model.train()
+        if self.cfg.bn.norm_eval:
+            set_norm_eval(self.model)
+        self.dataloader.set_epoch(self.progress.epoch - 1)
+        self._epoch_iter = iter(self.dataloader)
+        super().before_epoch()
+
+    def train_one_iter(self):
+        t0 = time.perf_counter()
+        images, labels = next(self._epoch_iter)
+        t1 = time.perf_counter()
+        loss, logits = self._forward_backward(mge.tensor(images), mge.tensor(labels))
+        loss_value = self._sync_grads(loss)
+        if not math.isfinite(loss_value):
+            raise NonFiniteLossError(
+                f"loss is {loss_value} at epoch {self.progress.epoch} iteration {self.progress.iter} "
+                f"(global iteration {self.global_iter}); stopped before the optimizer step. The last "
+                f"checkpoint in {self.cfg.output_dir} is intact: lower solver.basic_lr, set "
+                f"solver.grad_clip, or resume from it with --resume"
+            )
+        if (self.global_iter + 1) % self.accum == 0:
+            self._optimizer_step()
+        top1 = float((logits.numpy().argmax(axis=1) == labels).mean() * 100)
+        t2 = time.perf_counter()
+        self.meter = {"loss": loss_value, "top1": top1, "data_time": t1 - t0, "step_time": t2 - t1,
+                      "batch": len(labels), "lr": self.optimizer.param_groups[0]["lr"]}
+
+    def _sync_grads(self, loss):
+        """All-reduce (average) gradients in one packed collective; returns the mean loss over ranks.
+
+        The loss rides in the same buffer, so a NaN on any rank stops every rank together.
+        """
+        world = dist.get_world_size()
+        if world == 1:
+            return float(loss.item())
+        grads = [p.grad if p.grad is not None else F.zeros(p.shape) for p in self.params]
+        flat = F.concat([g.reshape(-1) for g in grads] + [loss.reshape(1).detach()])
+        flat = dist.all_reduce_sum(flat) / world
+        offset = 0
+        for p, g in zip(self.params, grads):
+            if p.grad is not None:
+                p.grad = flat[offset:offset + g.size].reshape(g.shape)
+            offset += g.size
+        return float(flat[-1].item())
+
+    def _optimizer_step(self):
+        clip = self.cfg.solver.grad_clip
+        if clip.name == "norm":
+            optim.clip_grad_norm(self.params, max_norm=clip.max_norm)
+        elif clip.name == "value":
+            optim.clip_grad_value(self.params, lower=clip.lower, upper=clip.upper)
+        if self.grad_scaler is not None:
+            self.grad_scaler.update()
+        self.optimizer.step()
+        self.optimizer.clear_grad()
+
+    # -- state for checkpoints --------------------------------------------------------------------
+    def optimizer_state(self):
+        return _to_numpy(self.optimizer.state_dict())
+
+    def load_optimizer_state(self, state):
+        self.optimizer.load_state_dict(_to_tensor(state))
+
+
+def _to_numpy(obj):
+    if isinstance(obj, mge.Tensor):
+        return obj.numpy()
+    if isinstance(obj, dict):
+        return {k: _to_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_numpy(v) for v in obj)
+    return obj
+
+
+def _to_tensor(obj):
+    if isinstance(obj, np.ndarray):
+        return mge.tensor(obj)
+    if isinstance(obj, dict):
+        return {k: _to_tensor(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_tensor(v) for v in obj)
+    return obj

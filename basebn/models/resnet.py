@@ -1,0 +1,158 @@
+"""ResNets: CIFAR-style (ResNet-20/32/56, He et al. 2016 sec. 4.2) and ImageNet-style (18/34/50).
+
+Module names follow torchvision (conv1, bn1, layer1..4, downsample, fc) so users recognise them.
+`stem="small"` replaces the 7x7/2 conv + max-pool by a 3x3/1 conv for 28-32 px inputs.
+"""
+import math
+from functools import partial
+
+import megengine.functional as F
+import megengine.module as M
+
+from ..layers.conv import Conv2d
+from ..layers.norm import build_norm
+
+__all__ = ["ResNet", "resnet20", "resnet32", "resnet56", "resnet18", "resnet34", "resnet50"]
+
+
+def conv3x3(cin, cout, stride=1):
+    return Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+
+
+def conv1x1(cin, cout, stride=1):
+    return Conv2d(cin, cout, 1, stride=stride, bias=False)
+
+
+class BasicBlock(M.Module):
+    expansion = 1
+
+    def __init__(self, cin, width, stride, norm):
+        super().__init__()
+        cout = width * self.expansion
+        self.conv1, self.bn1 = conv3x3(cin, width, stride), norm(width)
+        self.conv2, self.bn2 = conv3x3(width, cout), norm(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = M.Sequential(conv1x1(cin, cout, stride), norm(cout))
+
+    def last_norm(self):
+        return self.bn2
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + identity)
+
+
+class Bottleneck(M.Module):
+    expansion = 4
+
+    def __init__(self, cin, width, stride, norm):
+        super().__init__()
+        cout = width * self.expansion
+        self.conv1, self.bn1 = conv1x1(cin, width), norm(width)
+        self.conv2, self.bn2 = conv3x3(width, width, stride), norm(width)
+        self.conv3, self.bn3 = conv1x1(width, cout), norm(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = M.Sequential(conv1x1(cin, cout, stride), norm(cout))
+
+    def last_norm(self):
+        return self.bn3
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return F.relu(out + identity)
+
+
+class ResNet(M.Module):
+    def __init__(self, block, depths, widths, num_classes=10, in_channels=3, stem="small",
+                 norm="BN", bn_momentum=0.9, bn_eps=1e-5, zero_init_residual=True):
+        super().__init__()
+        norm_layer = partial(build_norm, norm, momentum=bn_momentum, eps=bn_eps)
+        if stem == "imagenet":
+            self.conv1 = Conv2d(in_channels, widths[0], 7, stride=2, padding=3, bias=False)
+            self.maxpool = M.MaxPool2d(3, stride=2, padding=1)
+        elif stem == "small":
+            self.conv1 = conv3x3(in_channels, widths[0])
+            self.maxpool = None
+        else:
+            raise ValueError(f"unknown stem {stem!r}: model.stem must be 'small' or 'imagenet'")
+        self.bn1 = norm_layer(widths[0])
+        cin, stages = widths[0], []
+        for i, (depth, width) in enumerate(zip(depths, widths)):
+            blocks = []
+            for j in range(depth):
+                stride = 2 if (i > 0 and j == 0) else 1
+                blocks.append(block(cin, width, stride, norm_layer))
+                cin = width * block.expansion
+            stages.append(M.Sequential(*blocks))
+        # layer1..layerK as attributes (torchvision names)
+        self.num_stages = len(stages)
+        for i, stage in enumerate(stages):
+            setattr(self, f"layer{i + 1}", stage)
+        self.fc = M.Linear(cin, num_classes)
+        self._init_weights(zero_init_residual)
+
+    def _init_weights(self, zero_init_residual):
+        for m in self.modules():
+            if isinstance(m, M.Conv2d):
+                M.init.msra_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, M.Linear):
+                bound = 1 / math.sqrt(m.in_features)
+                M.init.uniform_(m.weight, -bound, bound)
+                M.init.zeros_(m.bias)
+        if zero_init_residual:  # each residual branch starts as identity (Goyal et al. 2017)
+            for m in self.modules():
+                if isinstance(m, (BasicBlock, Bottleneck)) and getattr(m.last_norm(), "weight", None) is not None:
+                    M.init.zeros_(m.last_norm().weight)
+
+    def features(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        if self.maxpool is not None:
+            x = self.maxpool(x)
+        for i in range(self.num_stages):
+            x = getattr(self, f"layer{i + 1}")(x)
+        return x
+
+    def forward(self, x):
+        x = F.mean(self.features(x), axis=(2, 3))
+        return self.fc(x)
+
+
+def _cifar(depth, base_width=16, **kw):
+    n = (depth - 2) // 6
+    return ResNet(BasicBlock, [n, n, n], [base_width, base_width * 2, base_width * 4], **kw)
+
+
+def _imagenet(block, depths, base_width=64, stem="imagenet", **kw):
+    widths = [base_width * 2 ** i for i in range(4)]
+    return ResNet(block, depths, widths, stem=stem, **kw)
+
+
+def resnet20(**kw):
+    return _cifar(20, **kw)
+
+
+def resnet32(**kw):
+    return _cifar(32, **kw)
+
+
+def resnet56(**kw):
+    return _cifar(56, **kw)
+
+
+def resnet18(**kw):
+    return _imagenet(BasicBlock, [2, 2, 2, 2], **kw)
+
+
+def resnet34(**kw):
+    return _imagenet(BasicBlock, [3, 4, 6, 3], **kw)
+
+
+def resnet50(**kw):
+    return _imagenet(Bottleneck, [3, 4, 6, 3], **kw)

@@ -1,0 +1,84 @@
+import math
+
+import pytest
+
+from basebn.config import BaseConfig, ConfigError, config_diff, flatten, load_config
+
+
+def write(tmp_path, body, name="exp.py"):
+    path = tmp_path / name
+    path.write_text("from basebn.config import BaseConfig\n" + body)
+    return str(path)
+
+
+GOOD = """
+class Cfg(BaseConfig):
+    def __init__(self):
+        super().__init__()
+        self.merge(dict(batch_size=32, solver=dict(max_epoch=3)))
+"""
+
+
+def test_file_and_overrides_merge_with_defaults(tmp_path):
+    cfg = load_config(write(tmp_path, GOOD), ["solver.basic_lr=0.05", "model.name=resnet32",
+                                              "bn.precise_every_n_epoch=inf", "data.mean=(1.0,)"])
+    assert cfg.batch_size == 32 and cfg.solver.max_epoch == 3
+    assert cfg.solver.basic_lr == 0.05 and cfg.model.name == "resnet32"
+    assert cfg.bn.precise_every_n_epoch == math.inf
+    assert cfg.data.mean == (1.0,)
+    assert cfg.solver.momentum == BaseConfig().solver.momentum  # untouched default survives the merge
+    assert cfg.output_dir == "runs/exp"
+    assert config_diff(cfg) == {"batch_size": 32, "solver.max_epoch": 3, "solver.basic_lr": 0.05,
+                                "model.name": "resnet32",
+                                "data.mean": (1.0,), "output_dir": "runs/exp"}
+
+
+def test_int_given_for_float_is_accepted(tmp_path):
+    assert load_config(write(tmp_path, GOOD), ["solver.basic_lr=1"]).solver.basic_lr == 1.0
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("solver.max_epochs=3", "did you mean 'solver.max_epoch'"),
+    ("max_epochs=3", "did you mean 'solver.max_epoch'"),
+    ("bn.momentun=0.99", "did you mean 'bn.momentum'"),
+])
+def test_unknown_override_names_nearest_key(tmp_path, override, hint):
+    with pytest.raises(ConfigError, match=hint):
+        load_config(write(tmp_path, GOOD), [override])
+
+
+def test_wrong_type_and_bad_values(tmp_path):
+    with pytest.raises(ConfigError, match="expects a int"):
+        load_config(write(tmp_path, GOOD), ["solver.max_epoch=abc"])
+    with pytest.raises(ConfigError, match="bool"):
+        load_config(write(tmp_path, GOOD), ["model_ema.enabled=1"])
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_config(write(tmp_path, GOOD), ["solver.max_epoch"])
+    with pytest.raises(ConfigError, match="lr_schedule"):
+        load_config(write(tmp_path, GOOD), ["solver.lr_schedule=poly"])
+
+
+def test_unknown_key_in_file(tmp_path):
+    body = GOOD.replace("max_epoch=3", "max_epochs=3")
+    with pytest.raises(ConfigError, match="solver.max_epochs.*did you mean 'solver.max_epoch'"):
+        load_config(write(tmp_path, body))
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "nope.py"))
+    with pytest.raises(ConfigError, match="failed to load: SyntaxError"):
+        load_config(write(tmp_path, "class Cfg(BaseConfig:\n"))
+    with pytest.raises(ConfigError, match="defines no `Cfg`"):
+        load_config(write(tmp_path, "x = 1\n"))
+
+
+def test_shipped_configs_load(repo_root):
+    import glob
+    import os
+
+    paths = sorted(glob.glob(os.path.join(repo_root, "configs", "*.py")))
+    assert paths
+    for path in paths:
+        cfg = load_config(path)
+        assert set(flatten(cfg)) <= set(flatten(BaseConfig()))
