@@ -5,8 +5,9 @@ import sys
 from .config import ConfigError
 from .data import DataError
 from .engine.checkpoint import CheckpointError
+from .zoo import ZooError
 
-USER_ERRORS = (ConfigError, DataError, CheckpointError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, ZooError)
 
 
 def user_errors_exit(main):

@@ -40,7 +40,7 @@ def _parse(argv):
     p.add_argument("-w", "--weights", help="checkpoint file, run directory or zoo:NAME")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     p.add_argument("--json", action="store_true", help='print a last line {"top1":..,"top5":..,"loss":..,"images":..}')
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)
 
 
 @user_errors_exit

@@ -130,7 +130,7 @@ def _parse(argv):
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides, e.g. solver.max_epoch=3")
     p.add_argument("--resume", action="store_true", help="continue the run in output_dir from its latest.pkl")
     p.add_argument("--devices", type=int, default=1, help="GPU processes to launch (CPU: use mpiexec -n N)")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)
 
 
 def _worker(config, overrides, resume):

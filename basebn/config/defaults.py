@@ -23,9 +23,10 @@ DEFAULTS = dict(
         image_size=None,
         # None = the dataset's own channel count
         channels=None,
-        # random-crop zero padding in pixels (0 disables random crop)
-        pad=4,
-        hflip=True,
+        # random-crop zero padding in pixels (0 disables random crop); None = the dataset's default
+        pad=None,
+        # random horizontal flips; None = the dataset's default (off for MNIST digits)
+        hflip=None,
         # per-channel normalisation in 0-255 units; None = the dataset's defaults
         mean=None,
         std=None,
@@ -43,6 +44,8 @@ DEFAULTS = dict(
         name="resnet20",
         # "small": 3x3/1 stem for 28-32 px inputs; "imagenet": 7x7/2 conv + max-pool
         stem="small",
+        # stride of the "small" stem (2 quarters the compute on 28 px inputs)
+        stem_stride=1,
         # first-stage width; None = the architecture's default (16 CIFAR-style, 64 ImageNet-style)
         base_width=None,
         # BN, SyncBN, FrozenBN or GN

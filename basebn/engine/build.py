@@ -22,6 +22,8 @@ def build_data(cfg, train=True):
 def build_model_from_cfg(cfg, in_channels):
     kw = dict(num_classes=cfg.num_classes, in_channels=in_channels, norm=cfg.model.norm, stem=cfg.model.stem,
               bn_momentum=cfg.bn.momentum, bn_eps=cfg.bn.eps, zero_init_residual=cfg.model.zero_init_residual)
+    if cfg.model.stem == "small":
+        kw["stem_stride"] = cfg.model.stem_stride
     if cfg.model.base_width is not None:
         kw["base_width"] = cfg.model.base_width
     return build_model(cfg.model.name, **kw)

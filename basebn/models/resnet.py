@@ -1,7 +1,7 @@
 """ResNets: CIFAR-style (ResNet-20/32/56, He et al. 2016 sec. 4.2) and ImageNet-style (18/34/50).
 
 Module names follow torchvision (conv1, bn1, layer1..4, downsample, fc) so users recognise them.
-`stem="small"` replaces the 7x7/2 conv + max-pool by a 3x3/1 conv for 28-32 px inputs.
+`stem="small"` replaces the 7x7/2 conv + max-pool by a 3x3 conv (stride `stem_stride`) for 28-32 px inputs.
 """
 import math
 from functools import partial
@@ -71,14 +71,14 @@ class Bottleneck(M.Module):
 
 class ResNet(M.Module):
     def __init__(self, block, depths, widths, num_classes=10, in_channels=3, stem="small",
-                 norm="BN", bn_momentum=0.9, bn_eps=1e-5, zero_init_residual=True):
+                 norm="BN", bn_momentum=0.9, bn_eps=1e-5, zero_init_residual=True, stem_stride=1):
         super().__init__()
         norm_layer = partial(build_norm, norm, momentum=bn_momentum, eps=bn_eps)
         if stem == "imagenet":
             self.conv1 = Conv2d(in_channels, widths[0], 7, stride=2, padding=3, bias=False)
             self.maxpool = M.MaxPool2d(3, stride=2, padding=1)
         elif stem == "small":
-            self.conv1 = conv3x3(in_channels, widths[0])
+            self.conv1 = conv3x3(in_channels, widths[0], stride=stem_stride)
             self.maxpool = None
         else:
             raise ValueError(f"unknown stem {stem!r}: model.stem must be 'small' or 'imagenet'")

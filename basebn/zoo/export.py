@@ -1,0 +1,86 @@
+"""python -m basebn.zoo.export RUN_DIR NAME [--ema] [--precise-bn N] [--method pooled|batch_average]
+
+Turns a finished run into a zoo entry: evaluates the chosen weights (optionally after precise BN),
+writes zoo/NAME.npz (pickle-free), and adds/updates the entry in zoo/zoo.json and zoo/README.md.
+"""
+import argparse
+import json
+import os
+import sys
+
+from ..config import BaseConfig, flatten, load_config
+from ..engine.build import build_data, build_model_from_cfg, load_weights
+from ..engine.checkpoint import model_state
+from ..engine.evaluate import evaluate
+from . import list_entries, zoo_dir
+from .weights import save_npz_weights, sha256_of
+
+
+def _overrides(run_cfg, config_path):
+    base = flatten(load_config(config_path))
+    return [f"{k}={v!r}" for k, v in flatten(run_cfg).items() if k != "output_dir" and base.get(k) != v]
+
+
+def render_readme(entries):
+    lines = ["# basebn model zoo", "",
+             "Evaluate: `python -m basebn.test zoo:NAME --json`. Fine-tune: "
+             "`python -m basebn.train CONFIG model.weights=zoo:NAME`.", "",
+             "| name | dataset | top-1 | top-5 | config | trained with |", "|---|---|---|---|---|---|"]
+    for e in entries:
+        lines.append(f"| {e['name']} | {e['dataset']} | {e['top1']:.2f} | {e['top5']:.2f} | `{e['config']}` | "
+                     f"`{e['command']}` |")
+    return "\n".join(lines) + "\n"
+
+
+def export(run_dir, name, ema=False, precise_bn=0, method="pooled", command="", note=""):
+    with open(os.path.join(run_dir, "config.json")) as f:
+        cfg = BaseConfig(json.load(f))
+    ds, loader = build_data(cfg, train=False)
+    model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
+    load_weights(model, run_dir, ema=ema)
+    if precise_bn:
+        from ..engine.precise_bn import update_bn_stats
+
+        _, train_loader = build_data(cfg.clone().merge({"seed": cfg.seed + 1}), train=True)
+        train_loader.set_epoch(0)
+        update_bn_stats(model, train_loader, precise_bn, method=method)
+    metrics = evaluate(model, loader)
+    path = os.path.join(zoo_dir(), f"{name}.npz")
+    save_npz_weights(path, model_state(model), meta={"name": name, **metrics})
+    return metrics, path
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m basebn.zoo.export", description=__doc__.split("\n")[0])
+    p.add_argument("run_dir")
+    p.add_argument("name")
+    p.add_argument("--config", required=True, help="the experiment file the run used (recorded in the entry)")
+    p.add_argument("--ema", action="store_true")
+    p.add_argument("--precise-bn", type=int, default=0, help="samples for precise BN before export (0 = none)")
+    p.add_argument("--method", default="pooled")
+    p.add_argument("--command", default="", help="the command that trained the run (recorded)")
+    p.add_argument("--seeds", type=int, default=1, help="number of runs behind the figure (recorded)")
+    args = p.parse_args(argv)
+    metrics, path = export(args.run_dir, args.name, args.ema, args.precise_bn, args.method)
+    with open(os.path.join(args.run_dir, "config.json")) as f:
+        run_cfg = BaseConfig(json.load(f))
+    entry = {"name": args.name, "config": args.config, "overrides": _overrides(run_cfg, args.config),
+             "weights": os.path.basename(path), "sha256": sha256_of(path),
+             "top1": round(metrics["top1"], 2), "top5": round(metrics["top5"], 2), "dataset": run_cfg.data.name,
+             "ema": args.ema, "precise_bn": args.precise_bn, "seeds": args.seeds, "command": args.command}
+    index = os.path.join(zoo_dir(), "zoo.json")
+    try:
+        entries = [e for e in list_entries() if e["name"] != args.name]
+    except Exception:
+        entries = []
+    entries.append(entry)
+    with open(index, "w") as f:
+        json.dump({"entries": entries}, f, indent=2)
+    with open(os.path.join(zoo_dir(), "README.md"), "w") as f:
+        f.write(render_readme(entries))
+    print(json.dumps(entry))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
