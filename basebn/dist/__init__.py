@@ -1,0 +1,274 @@
+"""Collectives for the trainer, SyncBatchNorm, precise BN and evaluation.
+
+Three backends behind one API:
+
+* ``"nccl"``: MegEngine's collectives (GPU). Processes come from
+  ``megengine.distributed.launcher``; rank/world from ``megengine.distributed``. Untested here
+  (no GPU in CI), see :mod:`basebn.dist.nccl`.
+* ``"mpi"``: ``mpi4py`` on ``COMM_WORLD``; processes come from ``mpiexec -n K python ...``. This is
+  the multi-process path on CPU (``megengine.distributed`` only supports GPUs).
+* ``"none"``: one process; every collective is the identity (``all_gather`` adds a leading axis of
+  size 1, the object collectives return ``[obj]``).
+
+:func:`init` picks one (``"auto"``: nccl when ``megengine.distributed.is_distributed()``, else mpi
+when the environment says we run under an MPI launcher with more than one rank, else none). Every
+other function initialises with ``"auto"`` on first use, so single-process code needs no set-up.
+Importing this package never imports ``mpi4py``.
+
+Tensor collectives take a megengine Tensor (returning a Tensor of the same dtype on the same
+device) or anything numpy accepts (returning numpy, dtype kept). All ranks must call them in the
+same order with the same shapes and dtypes. :func:`count_collectives` / :func:`collective_count`
+count the tensor collectives issued through this module (with any backend, ``"none"`` included, so
+single-process tests can check how many a layer would issue).
+"""
+import contextlib
+import os
+import threading
+
+__all__ = [
+    "init",
+    "shutdown",
+    "is_initialized",
+    "backend",
+    "get_rank",
+    "get_world_size",
+    "is_main_process",
+    "barrier",
+    "new_group",
+    "all_reduce_sum",
+    "all_gather",
+    "broadcast",
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object",
+    "collective_count",
+    "count_collectives",
+    "CollectiveCounter",
+    "mpi_world_size_from_env",
+    "BACKENDS",
+]
+
+BACKENDS = ("auto", "nccl", "mpi", "none")
+
+# environment variables MPI launchers set to the world size (MPICH/Hydra, Open MPI, MVAPICH, PMIx)
+_MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMIX_SIZE",
+                  "MPI_LOCALNRANKS")
+
+_lock = threading.RLock()
+_impl = None
+_KINDS = ("all_reduce_sum", "all_gather", "broadcast")
+_counts = dict.fromkeys(_KINDS, 0)
+
+
+# ------------------------------------------------------------------------------------------ init
+def mpi_world_size_from_env(environ=None):
+    """The world size an MPI launcher advertises in the environment, or 0 when there is none."""
+    env = os.environ if environ is None else environ
+    for var in _MPI_SIZE_VARS:
+        val = env.get(var, "").strip()
+        if val:
+            try:
+                return int(val)
+            except ValueError:
+                continue
+    return 0
+
+
+def _megengine_distributed():
+    try:
+        import megengine.distributed as mdist
+    except Exception:  # noqa: BLE001 - a broken megengine install just means "not distributed"
+        return False
+    return mdist.is_distributed()
+
+
+def _resolve(name):
+    if name not in BACKENDS:
+        raise ValueError(f"basebn.dist backend must be one of {BACKENDS}, got {name!r}")
+    if name != "auto":
+        return name
+    if _megengine_distributed():
+        return "nccl"
+    if mpi_world_size_from_env() > 1:
+        return "mpi"
+    return "none"
+
+
+def _make(name):
+    if name == "nccl":
+        from .nccl import NCCLBackend
+
+        return NCCLBackend()
+    if name == "mpi":
+        try:
+            from .mpi import MPIBackend
+
+            return MPIBackend()
+        except ImportError as exc:
+            raise RuntimeError(
+                "basebn.dist: backend 'mpi' needs mpi4py and an MPI library "
+                "(pip install mpi4py mpich, or pip install -e '.[mpi]')"
+            ) from exc
+    from .local import LocalBackend
+
+    return LocalBackend()
+
+
+def init(backend="auto"):
+    """Select and start the collectives backend; returns its name. Idempotent.
+
+    Calling it again with ``"auto"`` or the active backend's name is a no-op; asking for another
+    backend once one is active raises (call :func:`shutdown` first).
+    """
+    global _impl
+    with _lock:
+        if _impl is not None:
+            if backend in ("auto", _impl.name):
+                return _impl.name
+            raise RuntimeError(
+                f"basebn.dist already initialised with backend {_impl.name!r}; cannot switch to "
+                f"{backend!r} (call basebn.dist.shutdown() first)"
+            )
+        _impl = _make(_resolve(backend))
+        return _impl.name
+
+
+def shutdown():
+    """Forget the active backend (the next call re-initialises). Does not finalise MPI."""
+    global _impl
+    with _lock:
+        _impl = None
+
+
+def is_initialized():
+    return _impl is not None
+
+
+def _get():
+    impl = _impl
+    if impl is None:
+        init("auto")
+        impl = _impl
+    return impl
+
+
+def backend():
+    """Name of the active backend: ``"nccl"``, ``"mpi"`` or ``"none"``."""
+    return _get().name
+
+
+# ------------------------------------------------------------------------------------- queries
+def get_rank():
+    return _get().rank
+
+
+def get_world_size():
+    return _get().world_size
+
+
+def is_main_process():
+    return _get().rank == 0
+
+
+def barrier(group=None):
+    _get().barrier(group)
+
+
+def new_group(ranks):
+    """A sub-group for the ``group=`` arguments (mpi: a communicator; nccl: a MegEngine Group).
+
+    With mpi every rank of the world must call it (members get the communicator, others
+    ``MPI.COMM_NULL``).
+    """
+    return _get().new_group(ranks)
+
+
+# --------------------------------------------------------------------------------- collectives
+def _count(kind):
+    with _lock:
+        _counts[kind] += 1
+
+
+def all_reduce_sum(tensor, group=None):
+    """Element-wise sum over ranks; same shape and dtype as ``tensor`` (Tensor in, Tensor out)."""
+    _count("all_reduce_sum")
+    return _get().all_reduce_sum(tensor, group)
+
+
+def all_gather(tensor, group=None):
+    """Every rank's ``tensor`` stacked along a new axis 0: shape ``(world,) + tensor.shape``."""
+    _count("all_gather")
+    return _get().all_gather(tensor, group)
+
+
+def broadcast(tensor, src=0, group=None):
+    """``src``'s ``tensor`` on every rank (all ranks pass a tensor of the same shape/dtype)."""
+    _count("broadcast")
+    return _get().broadcast(tensor, src, group)
+
+
+def all_gather_object(obj, group=None):
+    """List of every rank's picklable ``obj``, in rank order."""
+    return _get().all_gather_object(obj, group)
+
+
+def gather_object(obj, dst=0, group=None):
+    """List of every rank's ``obj`` on rank ``dst``; ``None`` on the other ranks."""
+    return _get().gather_object(obj, dst, group)
+
+
+def broadcast_object(obj, src=0, group=None):
+    """``src``'s picklable ``obj`` on every rank."""
+    return _get().broadcast_object(obj, src, group)
+
+
+# ------------------------------------------------------------------------------------ counting
+def collective_count(kind=None):
+    """Tensor collectives issued by this process so far (all kinds, or one of ``_KINDS``)."""
+    with _lock:
+        if kind is None:
+            return sum(_counts.values())
+        return _counts[kind]
+
+
+class CollectiveCounter:
+    """Live view of the collectives issued since it was created (see :func:`count_collectives`)."""
+
+    def __init__(self):
+        with _lock:
+            self._start = dict(_counts)
+        self._end = None
+
+    def _now(self):
+        return self._end if self._end is not None else _counts
+
+    def __getitem__(self, kind):
+        return self._now()[kind] - self._start[kind]
+
+    @property
+    def total(self):
+        now = self._now()
+        return sum(now[k] - self._start[k] for k in _KINDS)
+
+    def as_dict(self):
+        return {k: self[k] for k in _KINDS}
+
+    def _stop(self):
+        with _lock:
+            self._end = dict(_counts)
+
+    def __repr__(self):
+        return f"CollectiveCounter(total={self.total}, {self.as_dict()})"
+
+
+@contextlib.contextmanager
+def count_collectives():
+    """``with count_collectives() as c: ...`` then ``c.total``, ``c["all_gather"]``, ``c.as_dict()``.
+
+    The counter is frozen when the block exits.
+    """
+    c = CollectiveCounter()
+    try:
+        yield c
+    finally:
+        c._stop()
