@@ -5,20 +5,15 @@ import os
 import pytest
 
 from mpi_launch import mpi_skip_reason, run_mpi
+from test_train_cli import TINY as TINY_CLI
 from test_train_cli import metrics, run
 
 pytestmark = pytest.mark.skipif(mpi_skip_reason() is not None, reason=str(mpi_skip_reason()))
 
-TINY = """
-from basebn.config import BaseConfig
-class Cfg(BaseConfig):
-    def __init__(self):
-        super().__init__()
-        self.merge(dict(batch_size=8, seed=3,
-            data=dict(name="synthetic", image_size=8, train_size=96, test_size=37, pad=1, prefetch=False),
-            model=dict(name="resnet20", base_width=4, norm="SyncBN"), solver=dict(max_epoch=1, warmup_epochs=1),
-            log_every_n_iter=3))
-"""
+# the CLI tests' tiny config with SyncBN, batch 8 per rank, one epoch
+TINY = TINY_CLI.replace("batch_size=16", "batch_size=8").replace('base_width=4)', 'base_width=4, norm="SyncBN")') \
+    .replace("max_epoch=2", "max_epoch=1")
+
 
 
 def test_three_ranks_train_and_count_each_test_sample_once(tmp_path):

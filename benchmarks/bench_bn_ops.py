@@ -1,0 +1,188 @@
+"""CPU benchmark: training-mode BatchNorm forward + backward, side by side in one run.
+
+  basebn-kernel    bn_stats + bn_normalize, then bn_backward_reduce + bn_backward_elemt (C++)
+  basebn-fallback  the same four ops through the pure-MegEngine fallback
+  mge-BatchNorm2d  megengine.module.BatchNorm2d forward + backward through GradManager
+
+Also measured: a memory-bandwidth bound on this machine. The four kernels move 8 tensors' worth
+of bytes (stats: read x; normalize: read x, write y; reduce: read dy, x; elemt: read dy, x,
+write dx), so bound = 8 * bytes(x) / streaming bandwidth, the bandwidth taken from a
+multi-threaded C++ copy through the same kernel library (bytes read + written per second).
+Printed: median ms, speed-up over BatchNorm2d and time / bound.
+
+    .venv/bin/python benchmarks/bench_bn_ops.py [--reps 7] [--shapes 128,32,28,28 32,256,14,14]
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import megengine as mge  # noqa: E402
+import megengine.functional as F  # noqa: E402
+import megengine.module as M  # noqa: E402
+from megengine.autodiff import GradManager  # noqa: E402
+
+from basebn.layers import bn_ops  # noqa: E402
+
+EPS = 1e-5
+
+
+def _time_once(fn):
+    mge._full_sync()
+    t0 = time.perf_counter()
+    fn()
+    mge._full_sync()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _median_ms(fn, reps, warmup):
+    for _ in range(warmup):
+        fn()
+    return float(np.median([_time_once(fn) for _ in range(reps)]))
+
+
+def _interleaved_medians(fns, reps, warmup):
+    """Median ms per method, the methods taking turns in every round (fair under shared CPUs)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            times[k].append(_time_once(fn))
+    return {k: float(np.median(v)) for k, v in times.items()}, {k: float(np.min(v)) for k, v in times.items()}
+
+
+def basebn_fwd_bwd(x, dy, weight, bias):
+    cnt = x.size // x.shape[1]
+    mean, m2 = bn_ops.bn_stats(x)
+    invstd = 1.0 / F.sqrt(m2 / cnt + EPS)
+    y = bn_ops.bn_normalize(x, mean, invstd, weight, bias)
+    sum_dy, sum_dy_xhat = bn_ops.bn_backward_reduce(dy, x, mean, invstd)
+    dx = bn_ops.bn_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, cnt)
+    # dweight = sum_dy_xhat, dbias = sum_dy (already computed)
+    return y, dx, sum_dy_xhat, sum_dy
+
+
+def make_mge_bn(c, x, dy):
+    bn = M.BatchNorm2d(c)
+    bn.train()
+    gm = GradManager().attach(list(bn.parameters()) + [x])
+
+    def run():
+        with gm:
+            y = bn(x)
+            gm.backward(y, dy)
+        return y, x.grad
+
+    return run
+
+
+def stream_bandwidth_gbs(nbytes, reps, k=8):
+    """(C++ multi-threaded copy GB/s, numpy single-thread copy GB/s), bytes read + written.
+
+    The C++ copy runs inside one kernel call 1 and 1 + k times; the difference of the two
+    medians is k pure copies (no allocation, page faults or dispatch in it).
+    """
+    n = nbytes // 4
+    src_np = np.random.rand(n).astype(np.float32)
+    res = []
+    if bn_ops.kernel_available():
+        src = mge.tensor(src_np)
+        t1 = _median_ms(lambda: bn_ops.copy_bandwidth_op(src, 1), reps, 1)
+        tk = _median_ms(lambda: bn_ops.copy_bandwidth_op(src, 1 + k), reps, 1)
+        res.append(2 * nbytes * k / (max(tk - t1, 1e-6) * 1e-3) / 1e9)
+    else:
+        res.append(float("nan"))
+    dst = np.empty_like(src_np)
+    np.copyto(dst, src_np)
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.copyto(dst, src_np)
+        t.append(time.perf_counter() - t0)
+    res.append(2 * nbytes / float(np.median(t)) / 1e9)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--shapes", nargs="*", default=["128,32,28,28", "32,256,14,14"])
+    ap.add_argument("--bw-mb", type=int, default=64, help="buffer size for the bandwidth probe")
+    args = ap.parse_args()
+
+    have_kernel = bn_ops.kernel_available()
+    threads = os.environ.get("BASEBN_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
+    print(f"megengine {mge.__version__}, cores {len(os.sched_getaffinity(0))}, kernel threads {threads}, "
+          f"kernels: {'available' if have_kernel else 'UNAVAILABLE: ' + str(bn_ops.kernel_error())}")
+    bw_cpp, bw_np = stream_bandwidth_gbs(args.bw_mb << 20, args.reps)
+    print(f"streaming bandwidth (read+write): C++ copy {bw_cpp:.1f} GB/s, numpy copy {bw_np:.1f} GB/s "
+          f"({args.bw_mb} MB buffers)")
+    bw = bw_cpp if np.isfinite(bw_cpp) else bw_np
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for spec in args.shapes:
+        shape = tuple(int(v) for v in spec.split(","))
+        c = shape[1]
+        x = mge.tensor(rng.standard_normal(shape).astype(np.float32))
+        dy = mge.tensor(rng.standard_normal(shape).astype(np.float32))
+        w = mge.tensor(np.ones(c, np.float32))
+        b = mge.tensor(np.zeros(c, np.float32))
+        nbytes = int(np.prod(shape)) * 4
+        bound_ms = 8 * nbytes / (bw * 1e9) * 1e3
+
+        fns = {"mge-BatchNorm2d": make_mge_bn(c, x, dy)}
+        split = None
+
+        def fallback_run():
+            with bn_ops.use_backend("fallback"):
+                return basebn_fwd_bwd(x, dy, w, b)
+
+        fns["basebn-fallback"] = fallback_run
+        if have_kernel:
+
+            def kernel_run():
+                with bn_ops.use_backend("kernel"):
+                    return basebn_fwd_bwd(x, dy, w, b)
+
+            fns["basebn-kernel"] = kernel_run
+        res, best = _interleaved_medians(fns, args.reps, args.warmup)
+        if have_kernel:
+            with bn_ops.use_backend("kernel"):  # per-op split of the kernel path
+                mean, m2 = bn_ops.bn_stats(x)
+                invstd = 1.0 / F.sqrt(m2 / (x.size // c) + EPS)
+                s1, s2 = bn_ops.bn_backward_reduce(dy, x, mean, invstd)
+                cnt = x.size // c
+                split = {
+                    "stats": _median_ms(lambda: bn_ops.bn_stats(x), args.reps, 1),
+                    "normalize": _median_ms(lambda: bn_ops.bn_normalize(x, mean, invstd, w, b), args.reps, 1),
+                    "bwd_reduce": _median_ms(lambda: bn_ops.bn_backward_reduce(dy, x, mean, invstd), args.reps, 1),
+                    "bwd_elemt": _median_ms(
+                        lambda: bn_ops.bn_backward_elemt(dy, x, mean, invstd, w, s1, s2, cnt), args.reps, 1
+                    ),
+                }
+        rows.append((shape, nbytes, bound_ms, res, best, split))
+
+    print()
+    print(f"{'shape':>16} {'method':>16} {'median ms':>10} {'min ms':>8} {'vs BN2d':>8} {'/bound':>7}")
+    for shape, nbytes, bound_ms, res, best, split in rows:
+        ref = res["mge-BatchNorm2d"]
+        for name in ("basebn-kernel", "mge-BatchNorm2d", "basebn-fallback"):
+            if name in res:
+                ms = res[name]
+                print(f"{'x'.join(map(str, shape)):>16} {name:>16} {ms:10.2f} {best[name]:8.2f} "
+                      f"{ref / ms:7.2f}x {ms / bound_ms:7.2f}")
+        print(f"{'':>16} {'bandwidth bound':>16} {bound_ms:10.2f}   (8 x {nbytes / 2**20:.1f} MiB at {bw:.1f} GB/s)")
+        if split:
+            print(f"{'':>16} kernel per-op median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+// Registration of the basebn BatchNorm custom ops (MegEngine custom-op API).
+//
+//   BasebnBnStats          (x)                                        -> (mean, m2)
+//   BasebnBnNormalize      (x, mean, invstd, weight, bias)            -> (y)
+//   BasebnBnBackwardReduce (dy, x, mean, invstd)                      -> (sum_dy, sum_dy_xhat)
+//   BasebnBnBackwardElemt  (dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat) -> (dx)
+//   BasebnCopy             (src)                                      -> (dst)  [bandwidth probe,
+//                                                                        copies `reps` times]
+//
+// Optional inputs (weight, bias) always occupy their slot; params has_weight / has_bias say
+// whether the slot holds real data (the Python side passes a placeholder otherwise).
+// Param force_strided makes the CPU kernels take the non-contiguous gather path (for tests).
+// The CUDA computes are registered only when compiled with -DBASEBN_WITH_CUDA (bn_cuda.cu linked).
+#include "bn_kernels.h"
+
+CUSTOM_OP_REG_BEGIN(BasebnBN)
+
+namespace {
+
+void same_device(
+        const std::vector<Device>& inputs, const Param&, std::vector<Device>& outputs) {
+    for (auto& o : outputs)
+        o = inputs[0];
+}
+
+void same_format(
+        const std::vector<Format>& inputs, const Param&, std::vector<Format>& outputs) {
+    for (auto& o : outputs)
+        o = inputs[0];
+}
+
+// ---- per-channel outputs (C,) float32; C is dim 1 of input 0 (x, or dy)
+void stats_shape(
+        const std::vector<Shape>& inputs, const Param&, std::vector<Shape>& outputs) {
+    for (auto& o : outputs)
+        o = Shape({inputs[0][1]});
+}
+
+void float_dtype(const std::vector<DType>&, const Param&, std::vector<DType>& outputs) {
+    for (auto& o : outputs)
+        o = DType("float32");
+}
+
+// ---- element-wise outputs: shape and dtype of input 0
+void like_input0_shape(
+        const std::vector<Shape>& inputs, const Param&, std::vector<Shape>& outputs) {
+    outputs[0] = inputs[0];
+}
+
+void like_input0_dtype(
+        const std::vector<DType>& inputs, const Param&, std::vector<DType>& outputs) {
+    outputs[0] = inputs[0];
+}
+
+#define BASEBN_COMPUTES(NS)                                                               \
+    void NS##_stats(                                                                      \
+            const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {    \
+        basebn::NS::stats(in[0], out[0], out[1], p["force_strided"].as<bool>());         \
+    }                                                                                     \
+    void NS##_normalize(                                                                  \
+            const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {    \
+        basebn::NS::normalize(                                                            \
+                in[0], in[1], in[2], p["has_weight"].as<bool>() ? &in[3] : nullptr,       \
+                p["has_bias"].as<bool>() ? &in[4] : nullptr, out[0],                      \
+                p["force_strided"].as<bool>());                                           \
+    }                                                                                     \
+    void NS##_backward_reduce(                                                            \
+            const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {    \
+        basebn::NS::backward_reduce(                                                      \
+                in[0], in[1], in[2], in[3], out[0], out[1], p["force_strided"].as<bool>()); \
+    }                                                                                     \
+    void NS##_backward_elemt(                                                             \
+            const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {    \
+        basebn::NS::backward_elemt(                                                       \
+                in[0], in[1], in[2], in[3], p["has_weight"].as<bool>() ? &in[4] : nullptr, \
+                in[5], in[6], p["count"].as<double>(), out[0],                            \
+                p["force_strided"].as<bool>());                                           \
+    }                                                                                     \
+    void NS##_copy(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) { \
+        basebn::NS::copy_bandwidth(in[0], out[0], p["reps"].as<int32_t>());               \
+    }
+
+BASEBN_COMPUTES(cpu)
+#ifdef BASEBN_WITH_CUDA
+BASEBN_COMPUTES(cuda)
+#define BASEBN_CUDA_COMPUTE(fn) .set_compute("cuda", cuda_##fn)
+#else
+#define BASEBN_CUDA_COMPUTE(fn)
+#endif
+
+}  // namespace
+
+#define BASEBN_FLOATS {"float32", "float16"}
+
+CUSTOM_OP_REG(BasebnBnStats)
+        .set_description("basebn: per-channel mean and M2 (sum of squared deviations)")
+        .add_input("x", BASEBN_FLOATS)
+        .add_output("mean", {"float32"})
+        .add_output("m2", {"float32"})
+        .add_param("force_strided", false)
+        .set_device_infer(same_device)
+        .set_format_infer(same_format)
+        .set_shape_infer(stats_shape)
+        .set_dtype_infer(float_dtype)
+        .set_compute("x86", cpu_stats) BASEBN_CUDA_COMPUTE(stats);
+
+CUSTOM_OP_REG(BasebnBnNormalize)
+        .set_description("basebn: y = (x - mean) * invstd * weight + bias")
+        .add_input("x", BASEBN_FLOATS)
+        .add_input("mean", {"float32"})
+        .add_input("invstd", {"float32"})
+        .add_input("weight", {"float32"})
+        .add_input("bias", {"float32"})
+        .add_output("y", BASEBN_FLOATS)
+        .add_param("has_weight", false)
+        .add_param("has_bias", false)
+        .add_param("force_strided", false)
+        .set_device_infer(same_device)
+        .set_format_infer(same_format)
+        .set_shape_infer(like_input0_shape)
+        .set_dtype_infer(like_input0_dtype)
+        .set_compute("x86", cpu_normalize) BASEBN_CUDA_COMPUTE(normalize);
+
+CUSTOM_OP_REG(BasebnBnBackwardReduce)
+        .set_description("basebn: per-channel sum(dy), sum(dy * xhat)")
+        .add_input("dy", BASEBN_FLOATS)
+        .add_input("x", BASEBN_FLOATS)
+        .add_input("mean", {"float32"})
+        .add_input("invstd", {"float32"})
+        .add_output("sum_dy", {"float32"})
+        .add_output("sum_dy_xhat", {"float32"})
+        .add_param("force_strided", false)
+        .set_device_infer(same_device)
+        .set_format_infer(same_format)
+        .set_shape_infer(stats_shape)
+        .set_dtype_infer(float_dtype)
+        .set_compute("x86", cpu_backward_reduce) BASEBN_CUDA_COMPUTE(backward_reduce);
+
+CUSTOM_OP_REG(BasebnBnBackwardElemt)
+        .set_description(
+                "basebn: dx = w * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count)")
+        .add_input("dy", BASEBN_FLOATS)
+        .add_input("x", BASEBN_FLOATS)
+        .add_input("mean", {"float32"})
+        .add_input("invstd", {"float32"})
+        .add_input("weight", {"float32"})
+        .add_input("sum_dy", {"float32"})
+        .add_input("sum_dy_xhat", {"float32"})
+        .add_output("dx", BASEBN_FLOATS)
+        .add_param("has_weight", false)
+        .add_param("count", 1.0)
+        .add_param("force_strided", false)
+        .set_device_infer(same_device)
+        .set_format_infer(same_format)
+        .set_shape_infer(like_input0_shape)
+        .set_dtype_infer(like_input0_dtype)
+        .set_compute("x86", cpu_backward_elemt) BASEBN_CUDA_COMPUTE(backward_elemt);
+
+CUSTOM_OP_REG(BasebnCopy)
+        .set_description("basebn: multi-threaded float32 copy, `reps` times (bandwidth probe)")
+        .add_input("src", {"float32"})
+        .add_output("dst", {"float32"})
+        .add_param("reps", int32_t(1))
+        .set_device_infer(same_device)
+        .set_format_infer(same_format)
+        .set_shape_infer(like_input0_shape)
+        .set_dtype_infer(like_input0_dtype)
+        .set_compute("x86", cpu_copy) BASEBN_CUDA_COMPUTE(copy);
+
+CUSTOM_OP_REG_END(BasebnBN)
