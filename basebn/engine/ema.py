@@ -1,10 +1,32 @@
-"""Model EMA (timm's ModelEma, pycls/basecls schedule), vectorised: one fused update for all tensors.
+"""Model EMA (timm's ModelEma; pycls/basecls momentum and schedule), vectorised.
 
-The averaged values live in one flat float32 buffer; each update is a single concat of the model's
-tensors plus one multiply-add, instead of one small op per tensor. The EMA module's tensors are
-refreshed from the buffer only when `.module` is read (evaluation, checkpoints).
+``ModelEMA(model, momentum)`` keeps ``ema.module``, a deep copy of ``model`` in eval mode (never
+attached to a GradManager), and ``ema.update(model)`` does ``e = m * e + (1 - m) * p`` for every
+parameter and floating-point buffer (BN running statistics included) of the model.
+
+**Vectorised.** Updating tensor by tensor costs a few small ops per tensor (hundreds per step on
+a ResNet, each paying its dispatch overhead). Here the averaged values live in ONE flat float32
+buffer (a megengine Tensor on the model's device). An update is one ``F.concat`` of the model's
+tensors (each viewed as 1-D), then ``e = m * e + (1 - m) * p`` on the flat buffers: a handful of
+ops whatever the model size. The EMA module's own tensors are refreshed from the flat buffer
+lazily, with ONE ``F.split``, only when ``ema.module`` is read (evaluation, checkpoints, precise
+BN). Reading ``ema.module`` hands the values back to the module, so whatever is done to it (precise
+BN rewriting its BN statistics, ``load_state_dict``) is picked up by the next update, which then
+re-reads the module's tensors (one extra concat).
+
+So: read ``ema.module`` again after updates rather than keeping a reference to it from before.
+
+``copy_buffers=True`` copies the buffers (BN running statistics) from the model instead of
+averaging them (timm's/basecls's option); integer buffers are always copied. With it, the update is
+still one expression: per-element weights ``(m, 1 - m)`` for averaged values and ``(0, 1)`` for
+copied ones.
+
+Schedule helpers: :func:`pycls_momentum` (momentum from alpha, the total batch size, the epoch count
+and the update period, as pycls/basecls) and :func:`ema_should_update` (copy before
+``start_epoch``, then update every ``update_period`` iterations).
 """
 import copy
+import weakref
 
 import numpy as np
 
@@ -15,82 +37,205 @@ __all__ = ["ModelEMA", "pycls_momentum", "ema_should_update"]
 
 
 def pycls_momentum(alpha, total_batch_size, max_epoch, update_period):
-    """max(0, 1 - alpha * total_batch_size / max_epoch * update_period) (pycls PR #138, basecls)."""
+    """EMA momentum from pycls's alpha: ``max(0, 1 - alpha * total_batch_size / max_epoch * update_period)``.
+
+    pycls (``ema_alpha``) and basecls (``model_ema.alpha``) use this so that the EMA's time horizon,
+    measured in epochs, does not depend on the batch size or on how often the EMA is updated.
+    ``pycls_momentum(1e-5, 1024, 100, 32) == 0.99672318``.
+    """
+    if max_epoch <= 0 or update_period <= 0:
+        raise ValueError(f"max_epoch and update_period must be positive, got {max_epoch}, {update_period}")
     return max(0.0, 1.0 - alpha * total_batch_size / max_epoch * update_period)
 
 
 def ema_should_update(iter_global, epoch, start_epoch, update_period):
-    """'copy' before `start_epoch` (0-based; 0 = from the first epoch), then 'update' every
-    `update_period` iterations, else 'skip'."""
+    """What the EMA hook does after iteration ``iter_global`` (0-based, counted over the whole run)
+    of epoch ``epoch`` (0-based): ``"copy"``, ``"update"`` or ``"skip"``.
+
+    * before ``start_epoch`` (0-based; ``0`` or ``None`` = from the very first epoch -- unlike
+      basecls, where ``start_epoch or warmup_epochs`` turns 0 into the warm-up length): ``"copy"``
+      after every iteration, so the EMA equals the model exactly until averaging starts (and when
+      evaluated at the end of those epochs);
+    * from ``start_epoch`` on: ``"update"`` after every ``update_period``-th iteration
+      (``(iter_global + 1) % update_period == 0``), ``"skip"`` otherwise.
+    """
+    update_period = int(update_period)
+    if update_period < 1:
+        raise ValueError(f"update_period must be >= 1, got {update_period}")
     if epoch < (start_epoch or 0):
         return "copy"
     return "update" if (iter_global + 1) % update_period == 0 else "skip"
-
-
-def _named_tensors(module):
-    return list(module.named_parameters()) + list(module.named_buffers())
 
 
 def _is_float(t):
     return np.issubdtype(np.dtype(t.dtype), np.floating)
 
 
-class ModelEMA:
-    """e = m * e + (1 - m) * p for every parameter and float buffer (buffers copied with copy_buffers)."""
+def _named_tensors(module):
+    """Parameters then buffers, by name, each tensor once (a shared tensor under its first name)."""
+    seen, out = set(), []
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append((name, t))
+    return out
 
-    def __init__(self, model, momentum=0.9999, copy_buffers=False):
-        self.momentum = momentum
-        self.copy_buffers = copy_buffers
+
+class ModelEMA:
+    """Exponential moving average of a model's parameters and buffers (see module doc).
+
+    Args:
+        model: the megengine Module being trained.
+        momentum: weight of the old average, ``e = m * e + (1 - m) * p`` (default 0.9999).
+        copy_buffers: copy buffers from the model instead of averaging them.
+
+    Attributes: ``module`` (the averaged model, eval mode), ``momentum``, ``updates`` (number of
+    averaging updates so far; copies do not count), ``copy_buffers``.
+    """
+
+    def __init__(self, model, momentum=0.9999, *, copy_buffers=False):
+        self.momentum = float(momentum)
+        self.copy_buffers = bool(copy_buffers)
         self.updates = 0
         self._module = copy.deepcopy(model)
         self._module.eval()
-        params = {n for n, _ in self._module.named_parameters()}
         named = _named_tensors(self._module)
-        self._avg = [n for n, t in named if _is_float(t) and (n in params or not copy_buffers)]
-        self._copy = [n for n, _ in named if n not in set(self._avg)]
-        self._shapes = dict((n, tuple(t.shape)) for n, t in named)
-        self._flat = self._gather(self._module)
-        self._stale = False
+        params = {id(t) for t in self._module.parameters()}
+        self._float_names = [n for n, t in named if _is_float(t)]
+        self._int_names = [n for n, t in named if not _is_float(t)]
+        tensors = dict(named)
+        self._shapes = [tuple(tensors[n].shape) for n in self._float_names]
+        self._sizes = [int(np.prod(s)) if s else 1 for s in self._shapes]
+        self._dtypes = [np.dtype(tensors[n].dtype) for n in self._float_names]
+        averaged = [id(tensors[n]) in params or not self.copy_buffers for n in self._float_names]
+        self._all_averaged = all(averaged)
+        self._mask = np.repeat(np.asarray(averaged, dtype=np.float32), self._sizes)
+        self._mvec = None  # (momentum, per-element momentum tensor) when some values are copied
+        self._own = None  # the EMA module's tensors, in _float_names order (set by _bind_own)
+        self._src = None  # (weakref to the last model, its tensors in _float_names order, its int tensors)
+        self._bind_own()
+        self._flat = self._gather(self._own)
+        self._holder = "flat"  # who holds the current values: "flat" buffer or the "module"
+        self._fresh = True  # the module's tensors equal the flat buffer
 
-    def _gather(self, model):
+    # -- plumbing --------------------------------------------------------------------------------
+    def _bind_own(self):
+        tensors = dict(_named_tensors(self._module))
+        self._own = [tensors[n] for n in self._float_names]
+        self._own_int = [tensors[n] for n in self._int_names]
+
+    def _gather(self, tensors):
+        """One flat float32 tensor of ``tensors`` (one concat; casts only where needed)."""
+        parts = [(t if t.dtype == np.float32 else t.astype("float32")).reshape(-1) for t in tensors]
+        if not parts:
+            return mge.tensor(np.zeros((0,), np.float32))
+        return F.concat(parts).detach()
+
+    def _model_tensors(self, model):
+        """``model``'s tensors matching ours (cached per model object; rebuilt when the model changes)."""
+        src = self._src
+        if src is not None and src[0]() is model:
+            return src[1], src[2]
         tensors = dict(_named_tensors(model))
-        return F.concat([tensors[n].astype("float32").reshape(-1) for n in self._avg]).detach()
+        missing = [n for n in self._float_names + self._int_names if n not in tensors]
+        if missing:
+            raise KeyError(f"ModelEMA: the model has no tensor(s) {', '.join(missing[:10])}; "
+                           f"was it built like the one the EMA was created from?")
+        floats = [tensors[n] for n in self._float_names]
+        for n, t, shape in zip(self._float_names, floats, self._shapes):
+            if tuple(t.shape) != shape:
+                raise ValueError(f"ModelEMA: {n} has shape {tuple(t.shape)} in the model, {shape} in the EMA")
+        ints = [tensors[n] for n in self._int_names]
+        try:
+            ref = weakref.ref(model)
+        except TypeError:  # pragma: no cover - every Module supports weak references
+            return floats, ints
+        self._src = (ref, floats, ints)
+        return floats, ints
 
-    def _copy_others(self, model):
-        own, src = dict(_named_tensors(self._module)), dict(_named_tensors(model))
-        for n in self._copy:
-            own[n]._reset(mge.tensor(src[n].numpy()))
+    def _momentum_vectors(self, m):
+        """Per-element (m, 1 - m) where averaged, (0, 1) where copied; cached per momentum value."""
+        if self._mvec is None or self._mvec[0] != m:
+            keep = (self._mask * np.float32(m)).astype(np.float32)
+            take = np.where(self._mask > 0, np.float32(1.0 - m), np.float32(1.0)).astype(np.float32)
+            dev = self._flat.device
+            self._mvec = (m, mge.tensor(keep, device=dev), mge.tensor(take, device=dev))
+        return self._mvec[1], self._mvec[2]
 
+    def _copy_ints(self, ints):
+        for own, src in zip(self._own_int, ints):
+            own._reset(F.copy(src.detach()))  # a copy: the model may change its tensor in place
+
+    def _take_back(self):
+        """Values held by the module (it may have been changed): re-read them into the flat buffer."""
+        if self._holder == "module":
+            self._bind_own()  # the module's tensors may have been replaced, not just refilled
+            self._flat = self._gather(self._own)
+            self._holder = "flat"
+            self._fresh = True
+
+    def _write_module(self):
+        """Refresh the module's tensors from the flat buffer: one split, one reshape per tensor."""
+        if self._holder != "flat" or self._fresh or not self._own:
+            return
+        if len(self._own) == 1:
+            pieces = [self._flat]
+        else:
+            pieces = F.split(self._flat, list(np.cumsum(self._sizes)[:-1]))
+        for t, piece, shape, dtype in zip(self._own, pieces, self._shapes, self._dtypes):
+            value = piece.reshape(shape)
+            t._reset(value if dtype == np.float32 else value.astype(dtype))
+        self._fresh = True
+
+    # -- public API ------------------------------------------------------------------------------
     def update(self, model, momentum=None):
-        m = self.momentum if momentum is None else momentum
-        self._flat = (self._flat * m + self._gather(model) * (1.0 - m)).detach()
-        self._copy_others(model)
+        """``e = m * e + (1 - m) * p`` for every parameter and float buffer of ``model``
+        (buffers copied with ``copy_buffers``; integer buffers always copied)."""
+        m = self.momentum if momentum is None else float(momentum)
+        self._take_back()
+        floats, ints = self._model_tensors(model)
+        new = self._gather(floats)
+        if self._all_averaged:
+            self._flat = (self._flat * m + new * (1.0 - m)).detach()
+        else:
+            keep, take = self._momentum_vectors(m)
+            self._flat = (self._flat * keep + new * take).detach()
+        self._copy_ints(ints)
         self.updates += 1
-        self._stale = True
+        self._holder, self._fresh = "flat", False
 
     def copy_from(self, model):
-        self._flat = self._gather(model)
-        self._copy_others(model)
-        self._stale = True
+        """Make the EMA an exact copy of ``model``'s parameters and buffers (used before start_epoch)."""
+        self._take_back()
+        floats, ints = self._model_tensors(model)
+        self._flat = self._gather(floats)
+        self._copy_ints(ints)
+        self._holder, self._fresh = "flat", False
 
     @property
     def module(self):
-        """The averaged model (eval mode), refreshed from the flat buffer when needed."""
-        if self._stale:
-            own, offset = dict(_named_tensors(self._module)), 0
-            for n in self._avg:
-                size = int(np.prod(self._shapes[n])) if self._shapes[n] else 1
-                own[n]._reset(self._flat[offset:offset + size].reshape(self._shapes[n]).astype(own[n].dtype))
-                offset += size
-            self._stale = False
+        """The averaged model (eval mode), with current values. Read it again after updates."""
+        self._write_module()
+        self._holder = "module"  # the caller may change it: the next update re-reads it
         return self._module
 
+    def sync(self):
+        """Write the averaged values into ``module``'s tensors now (``module`` does this by itself)."""
+        return self.module
+
     def state_dict(self):
-        return {"module": {k: np.asarray(v) for k, v in self.module.state_dict().items()},
-                "momentum": self.momentum, "updates": self.updates}
+        """``{"module": {name: numpy array}, "momentum": float, "updates": int}``."""
+        self._write_module()  # reading only: the flat buffer stays the holder
+        return {"module": {k: np.asarray(v) for k, v in self._module.state_dict().items()},
+                "momentum": self.momentum, "updates": int(self.updates)}
 
     def load_state_dict(self, state):
-        self._module.load_state_dict(state["module"])
-        self.momentum, self.updates = state.get("momentum", self.momentum), state.get("updates", 0)
-        self._flat = self._gather(self._module)
-        self._stale = False
+        """Load a :meth:`state_dict` (or a bare module state dict: only the weights are loaded)."""
+        if "module" in state and isinstance(state["module"], dict):
+            self._module.load_state_dict(state["module"])
+            self.momentum = float(state.get("momentum", self.momentum))
+            self.updates = int(state.get("updates", self.updates))
+        else:
+            self._module.load_state_dict(state)
+        self._holder = "module"
+        self._take_back()

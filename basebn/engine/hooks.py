@@ -100,6 +100,9 @@ class PreciseBNHook(BaseHook):
         t = self.trainer
         if self.every == math.inf or not every_n_epochs(t.progress.epoch, t.progress.max_epoch, self.every):
             return
+        if t.cfg.bn.norm_eval:  # fine-tuning keeps the BN statistics it started from
+            logger.info("precise BN skipped: bn.norm_eval keeps BN statistics frozen")
+            return
         self.loader.set_epoch(t.progress.epoch - 1)
         logger.info(f"precise BN ({self.method}) on {self.num_samples} samples after epoch {t.progress.epoch}")
         update_bn_stats(t.model, self.loader, self.num_samples, method=self.method)
