@@ -23,9 +23,9 @@ class Cfg(BaseConfig):
 """
 
 
-def run(args, **kw):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([PY, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, **kw)
+def run(args, env=None):
+    env = env or dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([PY, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture
@@ -109,3 +109,35 @@ def test_test_cli_rejects_other_architecture_and_corrupt_file(tiny, tmp_path):
     bad.write_bytes(open(os.path.join(run_dir, "final.pkl"), "rb").read()[:100])
     r = run(["basebn.test", tiny, "-w", str(bad)])
     assert r.returncode == 2 and "truncated or corrupt" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_zoo_export_then_evaluate_and_finetune_from_entry(tiny, tmp_path):
+    run_dir, zoo_dir = str(tmp_path / "run"), tmp_path / "zoo"
+    zoo_dir.mkdir()
+    env = {"BASEBN_ZOO": str(zoo_dir)}
+    assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
+    r = run(["basebn.zoo.export", run_dir, "tiny_r20", "--config", tiny, "--command", "test"],
+            env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    assert r.returncode == 0, r.stderr
+    entry = json.loads(r.stdout.strip().splitlines()[-1])
+    index = json.load(open(zoo_dir / "zoo.json"))
+    assert index["entries"][0]["sha256"] == entry["sha256"] and "tiny_r20" in open(zoo_dir / "README.md").read()
+    r = run(["basebn.test", "zoo:tiny_r20", "--json"], env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["top1"] == pytest.approx(entry["top1"], abs=0.05)
+    r = run(["basebn.train", tiny, f"output_dir={tmp_path / 'ft'}", "solver.max_epoch=1", "model.weights=zoo:tiny_r20",
+             "bn.norm_eval=True"], env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    assert r.returncode == 0, r.stderr
+    assert "loaded weights from zoo:tiny_r20" in r.stderr
+    with open(zoo_dir / "tiny_r20.npz", "ab") as f:  # a damaged file is refused
+        f.write(b"x")
+    r = run(["basebn.test", "zoo:tiny_r20"], env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    assert r.returncode == 2 and "sha256" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_trace_flag_trains_like_eager(tiny, tmp_path):
+    eager, traced = str(tmp_path / "eager"), str(tmp_path / "traced")
+    assert run(["basebn.train", tiny, f"output_dir={eager}", "solver.max_epoch=1"]).returncode == 0
+    r = run(["basebn.train", tiny, f"output_dir={traced}", "solver.max_epoch=1", "trace=True"])
+    assert r.returncode == 0, r.stderr
+    assert metrics(traced)[-1]["loss"] == pytest.approx(metrics(eager)[-1]["loss"], rel=1e-3)
