@@ -17,8 +17,12 @@ from .weights import save_npz_weights, sha256_of
 
 
 def _overrides(run_cfg, config_path):
+    """KEY=VALUE pairs that turn config_path into the run's config (config.json stores tuples as lists)."""
+    def norm(v):
+        return list(v) if isinstance(v, tuple) else v
+
     base = flatten(load_config(config_path))
-    return [f"{k}={v!r}" for k, v in flatten(run_cfg).items() if k != "output_dir" and base.get(k) != v]
+    return [f"{k}={v!r}" for k, v in flatten(run_cfg).items() if k != "output_dir" and norm(base.get(k)) != norm(v)]
 
 
 def render_readme(entries):
