@@ -82,3 +82,19 @@ def test_shipped_configs_load(repo_root):
     for path in paths:
         cfg = load_config(path)
         assert set(flatten(cfg)) <= set(flatten(BaseConfig()))
+
+
+def test_config_derives_from_another_file(tmp_path):
+    write(tmp_path, GOOD, name="base.py")
+    child = write(tmp_path, (
+        "import os\nfrom basebn.config import config_class\n"
+        "Base = config_class(os.path.join(os.path.dirname(__file__), 'base.py'))\n"
+        "class Cfg(Base):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.merge(dict(solver=dict(basic_lr=0.01)))\n"), name="child.py")
+    cfg = load_config(child)
+    assert cfg.batch_size == 32 and cfg.solver.max_epoch == 3  # from base.py
+    assert cfg.solver.basic_lr == 0.01  # its own
+    bad = write(tmp_path, "from basebn.config import config_class\nBase = config_class('/nope/base.py')\n",
+                name="bad.py")
+    with pytest.raises(ConfigError, match="nope/base.py.*does not exist"):
+        load_config(bad)

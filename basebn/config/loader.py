@@ -87,21 +87,36 @@ def parse_overrides(pairs, schema):
     return out
 
 
-def _load_file(path):
+def config_class(path):
+    """The `Cfg` class of config file `path`, so another config can derive from it:
+
+        Base = config_class(os.path.join(os.path.dirname(__file__), "fmnist_resnet20.py"))
+        class Cfg(Base): ...
+    """
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist (configs/ holds the shipped ones)")
     spec = importlib.util.spec_from_file_location(f"basebn_cfg_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
+    except ConfigError:
+        raise
     except Exception as exc:  # the user's file: say which and what broke
         raise ConfigError(f"config file {path!r} failed to load: {type(exc).__name__}: {exc}") from exc
-    if hasattr(module, "Cfg"):
-        cfg = module.Cfg()
-        if not isinstance(cfg, BaseConfig):
-            raise ConfigError(f"{path}: Cfg must derive from basebn.config.BaseConfig")
-        return cfg
-    raise ConfigError(f"config file {path!r} defines no `Cfg` class (class Cfg(BaseConfig): ...)")
+    cls = getattr(module, "Cfg", None)
+    if cls is None:
+        raise ConfigError(f"config file {path!r} defines no `Cfg` class (class Cfg(BaseConfig): ...)")
+    if not (isinstance(cls, type) and issubclass(cls, BaseConfig)):
+        raise ConfigError(f"{path}: Cfg must derive from basebn.config.BaseConfig")
+    return cls
+
+
+def _load_file(path):
+    cls = config_class(path)
+    try:
+        return cls()
+    except Exception as exc:
+        raise ConfigError(f"config file {path!r}: Cfg() failed: {type(exc).__name__}: {exc}") from exc
 
 
 def load_config(path, overrides=()):
