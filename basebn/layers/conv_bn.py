@@ -135,6 +135,24 @@ class _FoldedConvBN(Function):
         x, weight, scale = self.x, self.weight, self.scale
         self.x = self.weight = self.scale = None
         stride, padding, dilation, groups = self.args
+        grads = (None, None, None)
+        if self.need_dw:
+            # weight-sized and per-channel work in numpy (we are on the CPU), done before dx so the
+            # numpy copies of x and dy are freed before dx is allocated (lower backward peak)
+            dy_np = dy.numpy().astype(np.float32, copy=False)
+            dfolded = conv_weight_grad(x.numpy().astype(np.float32, copy=False), dy_np, tuple(weight.shape),
+                                       *self.args)
+            del x
+            c = scale.shape[1]
+            dscale = np.einsum("ok,ok->o", dfolded.reshape(c, -1), weight.numpy().reshape(c, -1)).reshape(1, c, 1, 1)
+            dshift = dy_np.sum(axis=(0, 2, 3)).reshape(1, c, 1, 1)
+            del dy_np
+            dfolded *= scale.numpy().reshape(_scale_shape(weight))  # now dW
+
+            def out(a, like):
+                return mge.tensor(a, dtype=like.dtype, device=dy.device)
+
+            grads = (out(dfolded, weight), out(dscale, scale), out(dshift, scale))
         dx = None
         if self.need_dx:
             folded = self._folded(weight, scale)
@@ -146,19 +164,7 @@ class _FoldedConvBN(Function):
             (dx,) = core2.apply(op, folded, dy, mge.tensor(np.array(self.x_shape, np.int32), device=dy.device))
         if not self.need_dw:
             return dx, None, None, dy.sum(axis=(0, 2, 3), keepdims=True)
-        # weight-sized and per-channel work in numpy: we are on the CPU and hold dy there anyway
-        dy_np = dy.numpy().astype(np.float32, copy=False)
-        dfolded = conv_weight_grad(x.numpy().astype(np.float32, copy=False), dy_np, tuple(weight.shape), *self.args)
-        c = scale.shape[1]
-        s_np = scale.numpy().reshape(_scale_shape(weight))
-        dscale = np.einsum("ok,ok->o", dfolded.reshape(c, -1), weight.numpy().reshape(c, -1)).reshape(1, c, 1, 1)
-        dshift = dy_np.sum(axis=(0, 2, 3)).reshape(1, c, 1, 1)
-        dfolded *= s_np  # now dW
-
-        def out(a, like):
-            return mge.tensor(a, dtype=like.dtype, device=dy.device)
-
-        return dx, out(dfolded, weight), out(dscale, scale), out(dshift, scale)
+        return (dx,) + grads
 
 
 def _recompute_ok(conv, inp):
