@@ -3,7 +3,8 @@
 Writes PNGs:
   curves.png    test loss, top-1 and EMA top-1 per epoch from each run's metrics.jsonl
   bn_stats.png  (--bn-stats, first run) per BN layer: how far the running statistics of the run's final
-                weights are from the population statistics precise BN would compute, so drift shows per layer
+                weights (and of its EMA weights, if any) are from the population statistics precise BN
+                would compute, so drift shows per layer
 """
 import argparse
 import json
@@ -72,27 +73,38 @@ def bn_drift(model, loader, num_samples):
     return rows
 
 
-def plot_bn_stats(rows, out_path, title=""):
+def plot_bn_stats(series, out_path, title=""):
+    """series: {label: rows of bn_drift} (e.g. model and EMA), drawn as grouped bars per BN layer."""
     plt = _pyplot()
-    names = [r[0] for r in rows]
-    x = np.arange(len(rows))
-    fig, (a, b) = plt.subplots(2, 1, figsize=(max(8, 0.35 * len(rows)), 6), sharex=True)
-    a.bar(x, [r[1] for r in rows], color="tab:blue")
-    a.set(ylabel="|running mean - pop mean| / pop std", title=title or "BN running stats vs population stats")
-    b.bar(x, [r[2] for r in rows], color="tab:orange")
+    if isinstance(series, list):
+        series = {"weights": series}
+    names = [r[0] for r in next(iter(series.values()))]
+    x = np.arange(len(names))
+    width = 0.8 / len(series)
+    fig, (a, b) = plt.subplots(2, 1, figsize=(max(8, 0.4 * len(names)), 6.5), sharex=True)
+    for i, (label, rows) in enumerate(series.items()):
+        offset = (i - (len(series) - 1) / 2) * width
+        a.bar(x + offset, [r[1] for r in rows], width, label=label)
+        # bars start at 1 (no drift) so an over- or under-estimated variance shows as up or down
+        b.bar(x + offset, [r[2] - 1.0 for r in rows], width, bottom=1.0, label=label)
+    a.set(ylabel="|running mean − pop mean| / pop std",
+          title=title or "BN running statistics vs population statistics (precise BN)")
     b.axhline(1.0, color="k", lw=0.8)
     b.set(ylabel="running var / pop var")
     b.set_xticks(x)
     b.set_xticklabels(names, rotation=90, fontsize=7)
     for ax in (a, b):
         ax.grid(axis="y", alpha=0.3)
+        if len(series) > 1:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
     return out_path
 
 
-def _bn_rows_for_run(run_dir, num_samples):
+def _bn_series_for_run(run_dir, num_samples):
+    """{"model": rows, "EMA": rows (when the run has EMA weights)} for the run's final weights."""
     import megengine as mge  # noqa: F401  (heavy import only for --bn-stats)
 
     from ..config import BaseConfig
@@ -101,10 +113,15 @@ def _bn_rows_for_run(run_dir, num_samples):
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = BaseConfig(json.load(f))
     ds, loader = build_data(cfg, train=True)
-    model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
-    load_weights(model, run_dir)
-    loader.set_epoch(0)
-    return bn_drift(model, loader, num_samples)
+    series = {}
+    for label, ema in (("model", False), ("EMA", True)):
+        if ema and not cfg.model_ema.enabled:
+            continue
+        model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
+        load_weights(model, run_dir, ema=ema)
+        loader.set_epoch(0)  # the same samples for both
+        series[label] = bn_drift(model, loader, num_samples)
+    return series
 
 
 def main(argv=None):
@@ -119,8 +136,8 @@ def main(argv=None):
     try:
         print(plot_curves(args.runs, os.path.join(out, "curves.png")))
         if args.bn_stats:
-            rows = _bn_rows_for_run(args.runs[0], args.num_samples)
-            print(plot_bn_stats(rows, os.path.join(out, "bn_stats.png"), title=os.path.basename(args.runs[0])))
+            series = _bn_series_for_run(args.runs[0], args.num_samples)
+            print(plot_bn_stats(series, os.path.join(out, "bn_stats.png"), title=os.path.basename(args.runs[0])))
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
