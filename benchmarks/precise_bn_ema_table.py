@@ -8,6 +8,7 @@ BN pooled (basebn's default), precise BN batch_average (pycls/basecls/mmpretrain
 table of mean top-1 over seeds (and the spread) - the table in the README comes from this script.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -33,6 +34,10 @@ def run_seed(seed, args):
     ])
     if not os.path.isfile(os.path.join(out, "final.pkl")):
         train(cfg)
+    cache = os.path.join(out, "eval.json")  # top-1 per (weights, method); delete it to re-evaluate
+    if os.path.isfile(cache):
+        with open(cache) as f:
+            return {tuple(k.split("/")): v for k, v in json.load(f).items()}
     test_ds, test_loader = build_data(cfg, train=False)
     _, train_loader = build_data(cfg.clone().merge({"seed": seed + 1}), train=True)
     row = {}
@@ -44,6 +49,8 @@ def run_seed(seed, args):
                 train_loader.set_epoch(0)
                 update_bn_stats(model, train_loader, args.precise_samples, method=method)
             row[(which, method)] = evaluate(model, test_loader)["top1"]
+    with open(cache, "w") as f:
+        json.dump({f"{w}/{m}": v for (w, m), v in row.items()}, f, indent=1)
     return row
 
 
@@ -67,6 +74,21 @@ def main():
             v = np.array([r[(which, method)] for r in rows])
             cells.append(f"{v.mean():.2f} ± {(v.max() - v.min()) / 2:.2f}")
         print(f"| {'EMA' if which == 'ema' else 'model'} | " + " | ".join(cells) + " |")
+    print(f"\nPaired differences in top-1 points (same seed, same trained weights; mean over {len(rows)} seeds, "
+          f"[min, max] over seeds)\n")
+    print("| change | model | EMA |")
+    print("|---|---|---|")
+    for label, a, b in (("precise BN pooled vs running stats", "pooled", "running"),
+                        ("precise BN batch average vs running stats", "batch_average", "running"),
+                        ("pooled vs batch average", "pooled", "batch_average")):
+        cells = []
+        for which in ("model", "ema"):
+            d = np.array([r[(which, a)] - r[(which, b)] for r in rows])
+            cells.append(f"{d.mean():+.2f} [{d.min():+.2f}, {d.max():+.2f}]")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    for label, method in (("EMA vs model, running stats", "running"), ("EMA vs model, precise BN pooled", "pooled")):
+        d = np.array([r[("ema", method)] - r[("model", method)] for r in rows])
+        print(f"| {label} | {d.mean():+.2f} [{d.min():+.2f}, {d.max():+.2f}] | |")
     for r, s in zip(rows, args.seeds):
         print(f"seed {s}: " + ", ".join(f"{w}/{m} {v:.2f}" for (w, m), v in r.items()))
 
