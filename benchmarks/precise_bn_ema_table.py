@@ -8,19 +8,17 @@ BN pooled (basebn's default), precise BN batch_average (pycls/basecls/mmpretrain
 table of mean top-1 over seeds (and the spread) - the table in the README comes from this script.
 """
 import argparse
-import json
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from basebn.config import load_config  # noqa: E402
-from basebn.engine.build import build_data, build_model_from_cfg, load_weights  # noqa: E402
-from basebn.engine.evaluate import evaluate  # noqa: E402
-from basebn.engine.precise_bn import update_bn_stats  # noqa: E402
 from basebn.train import train  # noqa: E402
+from variants import evaluate_variants  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,24 +32,8 @@ def run_seed(seed, args):
     ])
     if not os.path.isfile(os.path.join(out, "final.pkl")):
         train(cfg)
-    cache = os.path.join(out, "eval.json")  # top-1 per (weights, method); delete it to re-evaluate
-    if os.path.isfile(cache):
-        with open(cache) as f:
-            return {tuple(k.split("/")): v for k, v in json.load(f).items()}
-    test_ds, test_loader = build_data(cfg, train=False)
-    _, train_loader = build_data(cfg.clone().merge({"seed": seed + 1}), train=True)
-    row = {}
-    for which in ("model", "ema"):
-        for method in ("running", "pooled", "batch_average"):
-            model = build_model_from_cfg(cfg, in_channels=test_ds.image_shape[0])
-            load_weights(model, out, ema=which == "ema")
-            if method != "running":
-                train_loader.set_epoch(0)
-                update_bn_stats(model, train_loader, args.precise_samples, method=method)
-            row[(which, method)] = evaluate(model, test_loader)["top1"]
-    with open(cache, "w") as f:
-        json.dump({f"{w}/{m}": v for (w, m), v in row.items()}, f, indent=1)
-    return row
+    variants = [(w, m) for w in ("model", "ema") for m in ("running", "pooled", "batch_average")]
+    return evaluate_variants(cfg, out, variants, args.precise_samples)
 
 
 def main():

@@ -1,0 +1,42 @@
+"""The shipped zoo (zoo/zoo.json + weights): complete entries, hashes that match, weights that load, and one
+entry re-evaluated against its recorded top-1 when Fashion-MNIST is installed."""
+import hashlib
+import os
+
+import pytest
+
+import basebn.zoo as zoo
+from basebn.data.idx import FASHION_MNIST_DEFAULT_ROOT
+from basebn.engine.build import build_model_from_cfg, load_weights
+
+REQUIRED = ("name", "config", "weights", "sha256", "top1", "top5", "dataset", "command")
+ENTRIES = zoo.list_entries()
+
+
+def test_zoo_index_is_complete():
+    names = [e["name"] for e in ENTRIES]
+    assert len(names) == len(set(names)), "duplicate zoo names"
+    for e in ENTRIES:
+        missing = [k for k in REQUIRED if k not in e]
+        assert not missing, f"{e.get('name')}: missing {missing}"
+        assert 0 < e["top1"] <= e["top5"] <= 100
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])
+def test_weights_match_hash_and_load(entry):
+    path = os.path.join(zoo.zoo_dir(), entry["weights"])
+    with open(path, "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == entry["sha256"]
+    cfg = zoo.zoo_config(entry["name"])
+    model = build_model_from_cfg(cfg, in_channels=1)
+    load_weights(model, "zoo:" + entry["name"])  # strict: raises on any missing key or shape
+
+
+@pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DEFAULT_ROOT), reason="Fashion-MNIST not installed")
+def test_zoo_entry_reproduces_recorded_top1():
+    from basebn.test import test
+
+    entry = next(e for e in ENTRIES if e["name"] == "fmnist_r20")
+    metrics = test(zoo.zoo_config(entry["name"]), "zoo:" + entry["name"])
+    assert metrics["images"] == 10000
+    assert abs(metrics["top1"] - entry["top1"]) <= 0.05
