@@ -2,7 +2,7 @@
 # Rebuild the Fashion-MNIST zoo runs and the precise-BN/EMA experiment, one after another
 # (2 CPU cores: never two trainings at once; MPICH busy-polls). Finished steps are skipped,
 # interrupted ones resume. Exports (zoo/*.npz, zoo.json) are separate: see zoo/README.md.
-#   scripts/build_zoo.sh            # ~4-5 h on a 2-core CPU
+#   scripts/build_zoo.sh            # ~3-4 h on a quiet 2-core CPU
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -26,4 +26,6 @@ train runs/fmnist_r20_syncbn2_s42 .venv/bin/mpiexec -n 2 $PY -m basebn.train $CF
 train runs/fmnist_finetune $PY -m basebn.train configs/fmnist_finetune.py
 # a third seed for the baseline, and EMA with a shorter window (0.998 averages ~1 of 3 epochs and lags)
 train runs/fmnist_r20_ema99_s44 $PY -m basebn.train $CFG seed=44 model_ema.momentum=0.99
+# the longest run: 8 epochs, EMA 0.995
+train runs/fmnist_r20_long_s42 $PY -m basebn.train configs/fmnist_resnet20_long.py seed=42
 echo "$(date +%T) done"
