@@ -22,7 +22,8 @@ from variants import evaluate_variants  # noqa: E402
 PRECISE_SAMPLES = 8192
 # run directory -> seed; the baseline of a seed is the model of the single-process run with that seed
 RUNS = {"runs/fmnist_r20_s42": 42, "runs/fmnist_r20_ema_s43": 43, "runs/fmnist_r20_ema99_s44": 44,
-        "runs/fmnist_r20_syncbn2_s42": 42, "runs/fmnist_finetune": 42, "runs/fmnist_r20_long_s42": 42}
+        "runs/fmnist_r20_syncbn2_s42": 42, "runs/fmnist_finetune": 42, "runs/fmnist_r20_long_s42": 42,
+        "runs/fmnist_r20_fullres_s42": 42}
 SINGLE = ("runs/fmnist_r20_s42", "runs/fmnist_r20_ema_s43", "runs/fmnist_r20_ema99_s44")
 
 
@@ -72,6 +73,10 @@ def main():
         res = results["runs/fmnist_r20_long_s42"][1]
         add("8 epochs instead of 3", [(42, res[("model", "running")])])
         add("8 epochs, EMA (momentum 0.995) + precise BN", [(42, res[("ema", "pooled")])])
+    if "runs/fmnist_r20_fullres_s42" in results:
+        res = results["runs/fmnist_r20_fullres_s42"][1]
+        add("full 28×28 resolution (stem stride 1), 7 epochs", [(42, res[("model", "running")])])
+        add("the same, EMA (momentum 0.995) + precise BN", [(42, res[("ema", "pooled")])])
     if "runs/fmnist_finetune" in results:
         add("fine-tune 1 epoch from it, norm_eval + efficient conv-BN",
             [(42, results["runs/fmnist_finetune"][1][("model", "running")])], "the zoo model it started from")

@@ -94,18 +94,6 @@ void run_parallel(int nt, int64_t n, F&& f) {
         th.join();
 }
 
-struct Dims {
-    int64_t N, C, S;
-};
-
-Dims dims_of(const Tensor& t) {
-    const auto sh = t.shape();
-    Dims d{static_cast<int64_t>(sh[0]), static_cast<int64_t>(sh[1]), 1};
-    for (size_t i = 2; i < sh.ndim(); ++i)
-        d.S *= static_cast<int64_t>(sh[i]);
-    return d;
-}
-
 // Pointer to a contiguous copy of t's elements (t's own memory when it is contiguous).
 template <typename T>
 const T* contiguous(const Tensor& t, std::vector<T>& buf, bool force) {

@@ -26,18 +26,6 @@ constexpr int kElemThreads = 256;
 constexpr int kMaxWarps = kReduceThreads / 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-struct Dims {
-    int64_t N, C, S;
-};
-
-Dims dims_of(const Tensor& t) {
-    const auto sh = t.shape();
-    Dims d{static_cast<int64_t>(sh[0]), static_cast<int64_t>(sh[1]), 1};
-    for (size_t i = 2; i < sh.ndim(); ++i)
-        d.S *= static_cast<int64_t>(sh[i]);
-    return d;
-}
-
 BnLayout layout_of(const Tensor& t) {
     BnLayout L;
     const auto sh = t.shape();

@@ -3,9 +3,24 @@
 // weight / bias may be nullptr (weight = 1, bias = 0).
 #pragma once
 
+#include <cstdint>
+
 #include "megbrain/custom/custom.h"
 
 namespace basebn {
+
+// An (N, C, *) tensor seen as N x C x S, S = the product of the trailing dims.
+struct Dims {
+    int64_t N, C, S;
+};
+
+inline Dims dims_of(const custom::Tensor& t) {
+    const auto sh = t.shape();
+    Dims d{static_cast<int64_t>(sh[0]), static_cast<int64_t>(sh[1]), 1};
+    for (size_t i = 2; i < sh.ndim(); ++i)
+        d.S *= static_cast<int64_t>(sh[i]);
+    return d;
+}
 
 #define BASEBN_DECLARE_BN_KERNELS                                                     \
     void stats(const custom::Tensor& x, custom::Tensor& mean, custom::Tensor& m2,     \

@@ -73,7 +73,32 @@ def _combine(gathered, c):
     return float(n), mean, m2
 
 
-class _BNTrainFunction(Function):
+class _BNFunction(Function):
+    """Shared backward scaffold: forward saves ``x``, ``weight``, ``mean``, ``invstd``; a subclass
+    supplies ``_input_grad(dy, sum_dy, sum_dy_xhat)``, which returns ``dx`` from the local sums."""
+
+    def _save(self, x, weight):
+        self.x, self.weight, self.has_affine = x, weight, weight is not None
+
+    def _input_grad(self, dy, sum_dy, sum_dy_xhat):
+        raise NotImplementedError
+
+    def backward(self, dy):
+        x, c = self.x, self.x.shape[1]
+        if dy is None:
+            dy = F.zeros(x.shape, dtype=x.dtype)
+        if x.size > 0:
+            sum_dy, sum_dy_xhat = bn_ops.bn_backward_reduce(dy, x, self.mean, self.invstd)
+        else:  # an empty rank still returns (and, when synchronised, contributes) zero sums
+            sum_dy, sum_dy_xhat = _zeros_c(c, x.device), _zeros_c(c, x.device)
+        dx = self._input_grad(dy, sum_dy, sum_dy_xhat)
+        self.x = self.weight = None  # free the saved input early
+        if self.has_affine:  # dweight = sum(dy * xhat), dbias = sum(dy): this rank's share
+            return dx, sum_dy_xhat, sum_dy
+        return dx
+
+
+class _BNTrainFunction(_BNFunction):
     """Batch-statistics BN (synchronised when ``sync``) with a hand-written backward.
 
     ``forward(x[, weight, bias])``; weight and bias are (C,) float32. After the forward the batch
@@ -112,36 +137,22 @@ class _BNTrainFunction(Function):
         self.local_count = local_count
         self.mean = mge.tensor(gmean.astype(np.float32), device=x.device)
         self.invstd = mge.tensor(invstd.astype(np.float32), device=x.device)
-        self.x = x
-        self.weight = weight
-        self.has_affine = weight is not None
+        self._save(x, weight)
         if local_count == 0:
             return _empty_like(x)
         return bn_ops.bn_normalize(x, self.mean, self.invstd, weight, bias)
 
-    def backward(self, dy):
-        x, c = self.x, self.x.shape[1]
-        if dy is None:
-            dy = F.zeros(x.shape, dtype=x.dtype)
-        if self.local_count > 0:
-            sum_dy, sum_dy_xhat = bn_ops.bn_backward_reduce(dy, x, self.mean, self.invstd)
-        else:
-            sum_dy, sum_dy_xhat = _zeros_c(c, x.device), _zeros_c(c, x.device)
+    def _input_grad(self, dy, sum_dy, sum_dy_xhat):
+        c = dy.shape[1]
         local = F.concat([sum_dy.astype("float32"), sum_dy_xhat.astype("float32")])
         total = dist.all_reduce_sum(local, group=self.group) if self.sync else local
-        g_sum_dy, g_sum_dy_xhat = total[:c], total[c:]
-        if self.local_count > 0:
-            dx = bn_ops.bn_backward_elemt(dy, x, self.mean, self.invstd, self.weight,
-                                          g_sum_dy, g_sum_dy_xhat, self.count)
-        else:
-            dx = _empty_like(dy)
-        self.x = self.weight = None  # free the saved input early
-        if self.has_affine:
-            return dx, sum_dy_xhat, sum_dy
-        return dx
+        if self.local_count == 0:
+            return _empty_like(dy)
+        return bn_ops.bn_backward_elemt(dy, self.x, self.mean, self.invstd, self.weight,
+                                        total[:c], total[c:], self.count)
 
 
-class _BNEvalFunction(Function):
+class _BNEvalFunction(_BNFunction):
     """``y = (x - mean) * invstd * weight + bias`` with fixed (running) statistics; no collective."""
 
     def __init__(self, mean, invstd):
@@ -149,26 +160,16 @@ class _BNEvalFunction(Function):
         self.mean, self.invstd = mean, invstd
 
     def forward(self, x, weight=None, bias=None):
-        self.x, self.weight, self.has_affine = x, weight, weight is not None
+        self._save(x, weight)
         if x.size == 0:
             return _empty_like(x)
         return bn_ops.bn_normalize(x, self.mean, self.invstd, weight, bias)
 
-    def backward(self, dy):
-        x, c = self.x, self.x.shape[1]
-        if dy is None:
-            dy = F.zeros(x.shape, dtype=x.dtype)
-        if x.size == 0:
-            dx = _empty_like(dy)
-            sum_dy = sum_dy_xhat = _zeros_c(c, x.device)
-        else:
-            # dx = dy * invstd * weight: bn_normalize with a zero mean and no bias
-            dx = bn_ops.bn_normalize(dy, _zeros_c(c, x.device), self.invstd, self.weight, None)
-            sum_dy, sum_dy_xhat = bn_ops.bn_backward_reduce(dy, x, self.mean, self.invstd)
-        self.x = self.weight = None
-        if self.has_affine:
-            return dx, sum_dy_xhat, sum_dy
-        return dx
+    def _input_grad(self, dy, sum_dy, sum_dy_xhat):
+        if dy.size == 0:
+            return _empty_like(dy)
+        # dx = dy * invstd * weight: bn_normalize with a zero mean and no bias
+        return bn_ops.bn_normalize(dy, _zeros_c(dy.shape[1], dy.device), self.invstd, self.weight, None)
 
 
 class SyncBatchNorm(_BatchNorm):
