@@ -25,6 +25,9 @@ RUNS = {"runs/fmnist_r20_s42": 42, "runs/fmnist_r20_ema_s43": 43, "runs/fmnist_r
         "runs/fmnist_r20_syncbn2_s42": 42, "runs/fmnist_finetune": 42, "runs/fmnist_r20_long_s42": 42,
         "runs/fmnist_r20_fullres_s42": 42}
 SINGLE = ("runs/fmnist_r20_s42", "runs/fmnist_r20_ema_s43", "runs/fmnist_r20_ema99_s44")
+# longer or larger runs of the same recipe: run directory -> what they change
+LONGER = (("runs/fmnist_r20_long_s42", "8 epochs instead of 3"),
+          ("runs/fmnist_r20_fullres_s42", "full 28×28 resolution (stem stride 1), 7 epochs"))
 
 
 def load_run(run_dir):
@@ -50,12 +53,12 @@ def main():
             results[run] = load_run(run)
     base = {RUNS[r]: results[r][1][("model", "running")] for r in SINGLE if r in results}
 
-    rows = []  # (technique, [(seed, top1)], compared against)
+    rows = []  # (technique, [(seed, top1)]), each compared with the baseline of the same seed
 
-    def add(label, pairs, against="baseline, same seed"):
+    def add(label, pairs):
         pairs = [(s, v) for s, v in pairs if s in base]
         if pairs:
-            rows.append((label, pairs, against))
+            rows.append((label, pairs))
 
     add("baseline: BN, batch 128, running statistics", [(RUNS[r], results[r][1][("model", "running")])
                                                         for r in SINGLE if r in results])
@@ -69,21 +72,19 @@ def main():
     if "runs/fmnist_r20_syncbn2_s42" in results:
         add("SyncBN, 2 MPI ranks × 64 (same global batch)",
             [(42, results["runs/fmnist_r20_syncbn2_s42"][1][("model", "running")])])
-    if "runs/fmnist_r20_long_s42" in results:
-        res = results["runs/fmnist_r20_long_s42"][1]
-        add("8 epochs instead of 3", [(42, res[("model", "running")])])
-        add("8 epochs, EMA (momentum 0.995) + precise BN", [(42, res[("ema", "pooled")])])
-    if "runs/fmnist_r20_fullres_s42" in results:
-        res = results["runs/fmnist_r20_fullres_s42"][1]
-        add("full 28×28 resolution (stem stride 1), 7 epochs", [(42, res[("model", "running")])])
-        add("the same, EMA (momentum 0.995) + precise BN", [(42, res[("ema", "pooled")])])
+    for run, label in LONGER:
+        if run in results:
+            cfg, res = results[run]
+            add(label, [(RUNS[run], res[("model", "running")])])
+            add(f"{label}, EMA (momentum {cfg.model_ema.momentum}) + precise BN",
+                [(RUNS[run], res[("ema", "pooled")])])
     if "runs/fmnist_finetune" in results:
-        add("fine-tune 1 epoch from it, norm_eval + efficient conv-BN",
-            [(42, results["runs/fmnist_finetune"][1][("model", "running")])], "the zoo model it started from")
+        add("fine-tune zoo:fmnist_r20 1 epoch, norm_eval + efficient conv-BN",
+            [(42, results["runs/fmnist_finetune"][1][("model", "running")])])
 
     print("| technique | top-1 (mean) | Δ vs baseline (mean [min, max]) | seeds |")
     print("|---|---|---|---|")
-    for label, pairs, against in rows:
+    for label, pairs in rows:
         top1 = np.array([v for _, v in pairs])
         delta = np.array([v - base[s] for s, v in pairs])
         d = "—" if label.startswith("baseline") else (

@@ -8,11 +8,9 @@ layer keeps its running statistics (eval mode) while the conv and BN weights sti
 efficient conv-BN folds each BN into its conv on the fly, so no conv output is kept alive for
 backward (less activation memory).
 """
-import os
-
 from basebn.config import config_class
 
-Base = config_class(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fmnist_resnet20.py"))
+Base = config_class("fmnist_resnet20.py", relative_to=__file__)
 
 
 class Cfg(Base):

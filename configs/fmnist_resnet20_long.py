@@ -2,11 +2,9 @@
 
     python -m basebn.train configs/fmnist_resnet20_long.py      # ~1 h on a 2-core CPU
 """
-import os
-
 from basebn.config import config_class
 
-Base = config_class(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fmnist_resnet20.py"))
+Base = config_class("fmnist_resnet20.py", relative_to=__file__)
 
 
 class Cfg(Base):

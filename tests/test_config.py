@@ -98,3 +98,21 @@ def test_config_derives_from_another_file(tmp_path):
                 name="bad.py")
     with pytest.raises(ConfigError, match="nope/base.py.*does not exist"):
         load_config(bad)
+
+
+def test_config_derives_relative_to_its_own_file(tmp_path, monkeypatch):
+    sub = tmp_path / "cfgs"
+    sub.mkdir()
+    write(sub, GOOD, name="base.py")
+    child = write(sub, (
+        "from basebn.config import config_class\n"
+        "Base = config_class('base.py', relative_to=__file__)\n"
+        "class Cfg(Base):\n    pass\n"), name="child.py")
+    monkeypatch.chdir(tmp_path)  # base.py is not in the working directory: found next to child.py
+    cfg = load_config(child)
+    assert cfg.batch_size == 32 and cfg.solver.max_epoch == 3
+    missing = write(sub, (
+        "from basebn.config import config_class\n"
+        "Base = config_class('other.py', relative_to=__file__)\n"), name="missing.py")
+    with pytest.raises(ConfigError, match="cfgs/other.py.*does not exist"):
+        load_config(missing)

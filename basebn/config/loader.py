@@ -87,12 +87,17 @@ def parse_overrides(pairs, schema):
     return out
 
 
-def config_class(path):
+def config_class(path, relative_to=None):
     """The `Cfg` class of config file `path`, so another config can derive from it:
 
-        Base = config_class(os.path.join(os.path.dirname(__file__), "fmnist_resnet20.py"))
+        Base = config_class("fmnist_resnet20.py", relative_to=__file__)
         class Cfg(Base): ...
+
+    A relative `path` is resolved against the folder of the file `relative_to` when it is given (so a
+    config finds its base wherever it is run from), else against the working directory.
     """
+    if relative_to is not None and not os.path.isabs(path):
+        path = os.path.join(os.path.dirname(os.path.abspath(relative_to)), path)
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist (configs/ holds the shipped ones)")
     spec = importlib.util.spec_from_file_location(f"basebn_cfg_{abs(hash(path))}", path)
