@@ -23,12 +23,14 @@ PRECISE_SAMPLES = 8192
 # run directory -> seed; the baseline of a seed is the model of the single-process run with that seed
 RUNS = {"runs/fmnist_r20_s42": 42, "runs/fmnist_r20_ema_s43": 43, "runs/fmnist_r20_ema99_s44": 44,
         "runs/fmnist_r20_syncbn2_s42": 42, "runs/fmnist_finetune": 42, "runs/fmnist_r20_long_s42": 42,
-        "runs/fmnist_r20_fullres_s42": 42, "runs/fmnist_r20_fullres_restart_s42": 42}
+        "runs/fmnist_r20_fullres_s42": 42, "runs/fmnist_r20_fullres_restart_s42": 42,
+        "runs/fmnist_r20_fullres_restart2_s42": 42}
 SINGLE = ("runs/fmnist_r20_s42", "runs/fmnist_r20_ema_s43", "runs/fmnist_r20_ema99_s44")
 # longer or larger runs of the same recipe: run directory -> what they change
 LONGER = (("runs/fmnist_r20_long_s42", "8 epochs instead of 3"),
           ("runs/fmnist_r20_fullres_s42", "full 28×28 resolution (stem stride 1), 7 epochs"),
-          ("runs/fmnist_r20_fullres_restart_s42", "full resolution, 7 epochs + a 6-epoch warm restart (LR 0.05)"))
+          ("runs/fmnist_r20_fullres_restart_s42", "full resolution, 7 epochs + a 6-epoch warm restart (LR 0.05)"),
+          ("runs/fmnist_r20_fullres_restart2_s42", "full resolution, 7 epochs + two 6-epoch warm restarts"))
 
 
 def load_run(run_dir):
