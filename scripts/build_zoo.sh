@@ -2,7 +2,7 @@
 # Rebuild the Fashion-MNIST zoo runs and the precise-BN/EMA experiment, one after another
 # (2 CPU cores: never two trainings at once; MPICH busy-polls). Finished steps are skipped,
 # interrupted ones resume. Exports (zoo/*.npz, zoo.json) are separate: see zoo/README.md.
-#   scripts/build_zoo.sh            # ~8 h on a quiet 2-core CPU (4 of them the full-resolution runs)
+#   scripts/build_zoo.sh            # ~10 h on a quiet 2-core CPU (6 of them the three full-resolution runs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
