@@ -76,19 +76,22 @@ def _same(a, b):
             and all(np.array_equal(ga[k], gb[k]) for k in ga))
 
 
-def reference_run(model, x, seed=1):
-    """forward_backward of a plain model in eval mode, repeated until two runs agree bitwise.
+def reference_run(model, x, seed=1, max_runs=16):
+    """forward_backward of a plain model in eval mode: the first result that two runs give bitwise.
 
-    MegEngine 1.13's inference-mode BatchNorm backward occasionally (~1% of calls, on CPU) returns
-    wrong weight/bias gradients (seen standalone, no basebn code involved); a reference must not be
-    one of those. The computation is deterministic, so two identical runs are the true result.
+    MegEngine 1.13's inference-mode BatchNorm backward sometimes returns wrong weight/bias gradients
+    on CPU (seen standalone, no basebn code involved): ~1% of calls for one layer, 9 of 40 calls for
+    the 21 BN layers of ResNet-20. A reference must not be one of those. The wrong results differ from
+    run to run (all 9 distinct) while the true one repeats, so any two identical runs -- not
+    necessarily consecutive -- give the true result.
     """
-    runs = [forward_backward(model, x, seed)]
-    for _ in range(5):
-        runs.append(forward_backward(model, x, seed))
-        if _same(runs[-1], runs[-2]):
-            return runs[-1]
-    raise AssertionError("plain reference not reproducible in 6 runs")
+    runs = []
+    for _ in range(max_runs):
+        run = forward_backward(model, x, seed)
+        if any(_same(run, earlier) for earlier in runs):
+            return run
+        runs.append(run)
+    raise AssertionError(f"plain reference not reproducible: {max_runs} runs, all different")
 
 
 def assert_same_run(a, b):
