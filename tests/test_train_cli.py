@@ -122,6 +122,8 @@ def test_zoo_export_then_evaluate_and_finetune_from_entry(tiny, tmp_path):
     entry = json.loads(r.stdout.strip().splitlines()[-1])
     index = json.load(open(zoo_dir / "zoo.json"))
     assert index["entries"][0]["sha256"] == entry["sha256"] and "tiny_r20" in open(zoo_dir / "README.md").read()
+    # the training command given, then the export's own invocation (runnable as recorded: --config included)
+    assert entry["command"] == f"test; python -m basebn.zoo.export {run_dir} tiny_r20 --config {tiny}"
     r = run(["basebn.test", "zoo:tiny_r20", "--json"], env=dict(os.environ, PYTHONPATH=ROOT, **env))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["top1"] == pytest.approx(entry["top1"], abs=0.05)

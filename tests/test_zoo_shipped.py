@@ -2,6 +2,7 @@
 entry re-evaluated against its recorded top-1 when Fashion-MNIST is installed."""
 import hashlib
 import os
+import shlex
 
 import pytest
 
@@ -20,6 +21,21 @@ def test_zoo_index_is_complete():
         missing = [k for k in REQUIRED if k not in e]
         assert not missing, f"{e.get('name')}: missing {missing}"
         assert 0 < e["top1"] <= e["top5"] <= 100
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])
+def test_recorded_command_trains_then_exports_this_entry(entry):
+    """Users copy the command from zoo/README.md: its export step must parse with the exporter's own CLI
+    and re-create this entry (same name, config, EMA and precise-BN choice) from the run the training wrote."""
+    from basebn.zoo.export import build_parser
+
+    train, sep, export = entry["command"].partition("; python -m basebn.zoo.export ")
+    assert sep, f"{entry['name']}: the command has no export step"
+    assert f"basebn.train {entry['config']}" in train
+    args = build_parser().parse_args(shlex.split(export))
+    assert (args.name, args.config, args.ema, args.precise_bn) == (
+        entry["name"], entry["config"], entry["ema"], entry["precise_bn"])
+    assert f"output_dir={args.run_dir}" in train.split()
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])

@@ -1,11 +1,14 @@
-"""python -m basebn.zoo.export RUN_DIR NAME [--ema] [--precise-bn N] [--method pooled|batch_average]
+"""python -m basebn.zoo.export RUN_DIR NAME --config C [--ema] [--precise-bn N] [--method pooled|batch_average]
 
 Turns a finished run into a zoo entry: evaluates the chosen weights (optionally after precise BN),
 writes zoo/NAME.npz (pickle-free), and adds/updates the entry in zoo/zoo.json and zoo/README.md.
+The entry's command is the training command given with --command followed by this export's own
+invocation (written by export_invocation, so the recorded command always runs as shown).
 """
 import argparse
 import json
 import os
+import shlex
 import sys
 
 from ..config import BaseConfig, flatten, load_config
@@ -36,7 +39,7 @@ def render_readme(entries):
     return "\n".join(lines) + "\n"
 
 
-def export(run_dir, name, ema=False, precise_bn=0, method="pooled", command="", note=""):
+def export(run_dir, name, ema=False, precise_bn=0, method="pooled"):
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = BaseConfig(json.load(f))
     ds, loader = build_data(cfg, train=False)
@@ -54,7 +57,17 @@ def export(run_dir, name, ema=False, precise_bn=0, method="pooled", command="", 
     return metrics, path
 
 
-def main(argv=None):
+def export_invocation(run_dir, name, config, ema=False, precise_bn=0, method="pooled", seeds=1):
+    """The shell command that re-creates an entry from its run directory (recorded in zoo.json)."""
+    args = ["python", "-m", "basebn.zoo.export", run_dir, name, "--config", config]
+    args += ["--ema"] if ema else []
+    args += ["--precise-bn", str(precise_bn)] if precise_bn else []
+    args += ["--method", method] if precise_bn and method != "pooled" else []
+    args += ["--seeds", str(seeds)] if seeds != 1 else []
+    return shlex.join(args)
+
+
+def build_parser():
     p = argparse.ArgumentParser(prog="python -m basebn.zoo.export", description=__doc__.split("\n")[0])
     p.add_argument("run_dir")
     p.add_argument("name")
@@ -62,16 +75,23 @@ def main(argv=None):
     p.add_argument("--ema", action="store_true")
     p.add_argument("--precise-bn", type=int, default=0, help="samples for precise BN before export (0 = none)")
     p.add_argument("--method", default="pooled")
-    p.add_argument("--command", default="", help="the command that trained the run (recorded)")
+    p.add_argument("--command", default="", help="the command that trained the run (recorded, followed by this "
+                                                 "export's own invocation)")
     p.add_argument("--seeds", type=int, default=1, help="number of runs behind the figure (recorded)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     metrics, path = export(args.run_dir, args.name, args.ema, args.precise_bn, args.method)
     with open(os.path.join(args.run_dir, "config.json")) as f:
         run_cfg = BaseConfig(json.load(f))
     entry = {"name": args.name, "config": args.config, "overrides": _overrides(run_cfg, args.config),
              "weights": os.path.basename(path), "sha256": sha256_of(path),
              "top1": round(metrics["top1"], 2), "top5": round(metrics["top5"], 2), "dataset": run_cfg.data.name,
-             "ema": args.ema, "precise_bn": args.precise_bn, "seeds": args.seeds, "command": args.command}
+             "ema": args.ema, "precise_bn": args.precise_bn, "seeds": args.seeds,
+             "command": "; ".join(filter(None, [args.command, export_invocation(
+                 args.run_dir, args.name, args.config, args.ema, args.precise_bn, args.method, args.seeds)]))}
     index = os.path.join(zoo_dir(), "zoo.json")
     try:
         entries = [e for e in list_entries() if e["name"] != args.name]
