@@ -10,7 +10,7 @@ import sys
 import megengine as mge
 from loguru import logger
 
-from . import dist
+from . import distributed as dist
 from .cli import user_errors_exit
 from .config import ConfigError, load_config
 from .engine.build import build_data, build_model_from_cfg, example_input, load_weights

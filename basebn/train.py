@@ -16,7 +16,7 @@ import megengine as mge
 from megengine.autodiff import GradManager
 from loguru import logger
 
-from . import dist
+from . import distributed as dist
 from .cli import user_errors_exit
 from .config import config_diff, load_config
 from .engine.build import build_data, build_model_from_cfg, example_input, load_weights

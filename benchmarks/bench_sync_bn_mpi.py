@@ -3,7 +3,7 @@
     python benchmarks/bench_sync_bn_mpi.py [--nprocs 2] [--batch 16] [--size 16] [--steps 30]
 
 relaunches itself under ``mpiexec -n NPROCS`` (or run it under mpiexec directly). Each rank runs
-forward + backward + gradient all-reduce (one packed ``basebn.dist.all_reduce_sum``, like the
+forward + backward + gradient all-reduce (one packed ``basebn.distributed.all_reduce_sum``, like the
 trainer) + SGD step on its own batch, for three norm layers:
 
 * ``bn``          megengine.module.BatchNorm2d, local statistics;
@@ -41,7 +41,7 @@ def parse_args(argv=None):
 
 
 def relaunch(args):
-    from basebn.dist import mpi_world_size_from_env
+    from basebn.distributed import mpi_world_size_from_env
 
     if mpi_world_size_from_env() > 0:
         return False
@@ -152,7 +152,7 @@ def bench(kind, args, dist, rank):
 def main():
     args = parse_args()
     relaunch(args)
-    from basebn import dist
+    from basebn import distributed as dist
 
     dist.init("auto")
     rank, world = dist.get_rank(), dist.get_world_size()

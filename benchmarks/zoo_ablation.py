@@ -47,7 +47,7 @@ def load_run(run_dir):
 def main():
     import megengine  # noqa: F401
 
-    from basebn.dist import init
+    from basebn.distributed import init
 
     init("none")
     results = {}

@@ -1,4 +1,4 @@
-"""One rank of the basebn.dist primitives test; run by tests/test_dist.py under mpiexec.
+"""One rank of the basebn.distributed primitives test; run by tests/test_dist.py under mpiexec.
 
 Usage: mpiexec -n K python tests/mpi_dist_worker.py DIR    -> DIR/out_<rank>.pkl
 """
@@ -10,7 +10,7 @@ import numpy as np
 
 
 def main(out_dir):
-    import basebn.dist as dist
+    import basebn.distributed as dist
 
     res = {"mpi4py_before_init": "mpi4py" in sys.modules}
     res["backend"] = dist.init("auto")

@@ -81,7 +81,7 @@ def bn_state(model):
 
 
 def main(out_dir):
-    from basebn import dist
+    from basebn import distributed as dist
     from basebn.engine.precise_bn import collect_bn_population_stats, update_bn_stats
 
     dist.init("auto")

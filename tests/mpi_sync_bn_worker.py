@@ -15,7 +15,7 @@ import numpy as np
 import megengine as mge
 from megengine.autodiff import GradManager
 
-from basebn import dist
+from basebn import distributed as dist
 from basebn.layers.sync_bn import SyncBatchNorm
 
 

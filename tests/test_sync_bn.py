@@ -14,7 +14,7 @@ import megengine.functional as F
 import megengine.module as M
 from megengine.autodiff import GradManager
 
-import basebn.dist as dist
+import basebn.distributed as dist
 from basebn.layers import bn_ops
 from basebn.layers.sync_bn import SyncBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
 from mpi_launch import mpi_skip_reason, run_mpi

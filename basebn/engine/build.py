@@ -2,7 +2,7 @@
 import numpy as np
 from loguru import logger
 
-from .. import dist
+from .. import distributed as dist
 from ..data import build_dataset, build_loader, validate_dataset
 from ..models import build_model
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, resolve_weights

@@ -4,7 +4,7 @@ import numpy as np
 import megengine as mge
 import megengine.functional as F
 
-from .. import dist
+from .. import distributed as dist
 from .progress import progress_bar
 
 __all__ = ["evaluate", "topk_correct"]

@@ -9,7 +9,7 @@ import numpy as np
 from basecore.engine import BaseHook
 from loguru import logger
 
-from .. import dist
+from .. import distributed as dist
 from .checkpoint import BEST, FINAL, LATEST, atomic_write_bytes, model_state, save_checkpoint
 from .evaluate import evaluate
 from .lr_schedule import lr_at

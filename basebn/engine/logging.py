@@ -4,7 +4,7 @@ import sys
 
 from loguru import logger
 
-from .. import dist
+from .. import distributed as dist
 
 
 def setup_logging(run_dir=None):

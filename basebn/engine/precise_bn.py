@@ -67,7 +67,7 @@ import megengine.functional as F
 import megengine.module as M
 from megengine.module.batchnorm import _BatchNorm
 
-from .. import dist
+from .. import distributed as dist
 from .progress import progress_bar
 
 __all__ = ["update_bn_stats", "collect_bn_population_stats", "bn_layers_for_precise_bn", "bn_layers", "rank_quota",

@@ -1,7 +1,7 @@
 """A progress bar on the main process only (tqdm to stderr); other ranks iterate silently."""
 import sys
 
-from .. import dist
+from .. import distributed as dist
 
 __all__ = ["progress_bar"]
 

@@ -12,7 +12,7 @@ import megengine.functional as F
 import megengine.optimizer as optim
 from basecore.engine import BaseTrainer
 
-from .. import dist
+from .. import distributed as dist
 
 __all__ = ["ClsTrainer", "NonFiniteLossError", "set_norm_eval"]
 

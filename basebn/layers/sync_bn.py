@@ -1,4 +1,4 @@
-"""Synchronised BatchNorm over :mod:`basebn.dist` (NCCL on GPU, MPI on CPU, identity alone).
+"""Synchronised BatchNorm over :mod:`basebn.distributed` (NCCL on GPU, MPI on CPU, identity alone).
 
 :class:`SyncBatchNorm` normalises with the statistics of the *global* batch (all ranks of the
 group) and is built on the raw ops of :mod:`basebn.layers.bn_ops` in every case, one process too:
@@ -33,7 +33,7 @@ mode too, weight and bias detached.
 A global batch with at most one value per channel raises ``ValueError`` on every rank (after the
 collective, so no rank is left waiting), as the unbiased variance is undefined.
 
-Only the GPU transport is untested (see :mod:`basebn.dist.nccl`); on GPU the forward reads the
+Only the GPU transport is untested (see :mod:`basebn.distributed.nccl`); on GPU the forward reads the
 gathered statistics back to the host once per layer (a small synchronisation).
 """
 import numpy as np
@@ -44,7 +44,7 @@ import megengine.module as M
 from megengine.autodiff import Function
 from megengine.module.batchnorm import _BatchNorm
 
-from .. import dist
+from .. import distributed as dist
 from . import bn_ops
 
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "revert_sync_batchnorm"]
@@ -185,7 +185,7 @@ class SyncBatchNorm(_BatchNorm):
             ``None`` = cumulative moving average.
         affine: learnable weight and bias.
         track_running_stats: keep running mean/var (else batch statistics in eval too, local).
-        group: a :func:`basebn.dist.new_group` group; ``None`` = all ranks.
+        group: a :func:`basebn.distributed.new_group` group; ``None`` = all ranks.
         freeze: use the running statistics in training too, with detached weight and bias
             (MegEngine's ``freeze``).
     """

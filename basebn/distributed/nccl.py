@@ -32,7 +32,7 @@ class NCCLBackend:
 
         if not mdist.is_distributed():
             raise RuntimeError(
-                "basebn.dist: backend 'nccl' needs megengine.distributed to be initialised; start the "
+                "basebn.distributed: backend 'nccl' needs megengine.distributed to be initialised; start the "
                 "processes with megengine.distributed.launcher (or call init_process_group first)"
             )
         self.mdist = mdist

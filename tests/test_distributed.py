@@ -1,4 +1,4 @@
-"""basebn.dist: the single-process ("none") backend, backend selection, and the MPI backend
+"""basebn.distributed: the single-process ("none") backend, backend selection, and the MPI backend
 under ``mpiexec -n 2`` / ``-n 3`` (skipped with a reason when mpi4py or mpiexec is missing)."""
 import os
 import pickle
@@ -10,7 +10,7 @@ import pytest
 
 import megengine as mge
 
-import basebn.dist as dist
+import basebn.distributed as dist
 from mpi_launch import ROOT, mpi_skip_reason, run_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,7 +25,7 @@ def local_dist():
 
 
 def test_import_does_not_import_mpi4py():
-    code = "import sys, basebn.dist as d; assert 'mpi4py' not in sys.modules; " \
+    code = "import sys, basebn.distributed as d; assert 'mpi4py' not in sys.modules; " \
            "d.get_rank(); d.all_reduce_sum([1.0]); assert 'mpi4py' not in sys.modules; print(d.backend())"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "MV2_"))}

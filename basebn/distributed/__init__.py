@@ -4,7 +4,7 @@ Three backends behind one API:
 
 * ``"nccl"``: MegEngine's collectives (GPU). Processes come from
   ``megengine.distributed.launcher``; rank/world from ``megengine.distributed``. Untested here
-  (no GPU in CI), see :mod:`basebn.dist.nccl`.
+  (no GPU in CI), see :mod:`basebn.distributed.nccl`.
 * ``"mpi"``: ``mpi4py`` on ``COMM_WORLD``; processes come from ``mpiexec -n K python ...``. This is
   the multi-process path on CPU (``megengine.distributed`` only supports GPUs).
 * ``"none"``: one process; every collective is the identity (``all_gather`` adds a leading axis of
@@ -84,7 +84,7 @@ def _megengine_distributed():
 
 def _resolve(name):
     if name not in BACKENDS:
-        raise ValueError(f"basebn.dist backend must be one of {BACKENDS}, got {name!r}")
+        raise ValueError(f"basebn.distributed backend must be one of {BACKENDS}, got {name!r}")
     if name != "auto":
         return name
     if _megengine_distributed():
@@ -106,7 +106,7 @@ def _make(name):
             return MPIBackend()
         except ImportError as exc:
             raise RuntimeError(
-                "basebn.dist: backend 'mpi' needs mpi4py and an MPI library "
+                "basebn.distributed: backend 'mpi' needs mpi4py and an MPI library "
                 "(pip install mpi4py mpich, or pip install -e '.[mpi]')"
             ) from exc
     from .local import LocalBackend
@@ -126,8 +126,8 @@ def init(backend="auto"):
             if backend in ("auto", _impl.name):
                 return _impl.name
             raise RuntimeError(
-                f"basebn.dist already initialised with backend {_impl.name!r}; cannot switch to "
-                f"{backend!r} (call basebn.dist.shutdown() first)"
+                f"basebn.distributed already initialised with backend {_impl.name!r}; cannot switch to "
+                f"{backend!r} (call basebn.distributed.shutdown() first)"
             )
         _impl = _make(_resolve(backend))
         return _impl.name

@@ -3,7 +3,7 @@
 Tensors travel through numpy: ``Tensor.numpy()`` -> buffer-interface collective -> ``mge.tensor``
 with the input's dtype and device. ``mpi4py`` is imported only when this backend is created.
 
-A ``group`` argument is an mpi4py communicator (see :func:`basebn.dist.new_group`); ``None`` is
+A ``group`` argument is an mpi4py communicator (see :func:`basebn.distributed.new_group`); ``None`` is
 ``COMM_WORLD``. Ranks given to ``src``/``dst`` are ranks inside that communicator.
 """
 import numpy as np
