@@ -41,10 +41,6 @@ def main(out_dir):
         res["bc"] = b.numpy()
         res["bc_np"] = dist.broadcast(np.array([rank, rank], dtype=np.int64), src=0)
     res["counts"] = counter.as_dict()
-    res["objs"] = dist.all_gather_object({"rank": rank, "payload": "x" * (rank * 100)})
-    res["gathered"] = dist.gather_object(("r", rank), dst=world - 1)
-    res["bcast_obj"] = dist.broadcast_object({"from": rank, "list": list(range(rank + 3))}, src=1)
-    res["counts_after_objects"] = counter.as_dict()
     dist.barrier()
     with open(os.path.join(out_dir, f"out_{rank}.pkl"), "wb") as f:
         pickle.dump(res, f)

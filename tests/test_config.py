@@ -116,3 +116,53 @@ def test_config_derives_relative_to_its_own_file(tmp_path, monkeypatch):
         "Base = config_class('other.py', relative_to=__file__)\n"), name="missing.py")
     with pytest.raises(ConfigError, match="cfgs/other.py.*does not exist"):
         load_config(missing)
+
+
+# Each value below once crashed later with a traceback (or ran silently); the rule rejects it at load time.
+@pytest.mark.parametrize("override, key, expected", [
+    ("solver.basic_lr=nan", "solver.basic_lr", "finite number > 0"),
+    ("solver.basic_lr=-0.1", "solver.basic_lr", "finite number > 0"),
+    ("solver.momentum=-1", "solver.momentum", "[0, 1)"),
+    ("solver.max_epoch=inf", "solver.max_epoch", "integer >= 1"),
+    ("solver.max_epoch=1.5", "solver.max_epoch", "integer >= 1"),
+    ("batch_size=2.5", "batch_size", "integer >= 1"),
+    ("model.name=resnet99", "model.name", "resnet20"),
+    ("model.norm=BatchNorm", "model.norm", "'SyncBN'"),
+    ("model.stem=foo", "model.stem", "'imagenet'"),
+    ("data.image_size=2", "data.image_size", "integer >= 8"),
+    ("data.name=imagenet", "data.name", "imagefolder"),
+    ("bn.precise_every_n_epoch=1.5", "bn.precise_every_n_epoch", "-1"),
+    ("bn.eps=0", "bn.eps", "> 0"),
+    ("solver.betas=(0.9,)", "solver.betas", "list of 2"),
+    ("data.std=[0]", "data.std", "> 0"),
+    ("eval_every_n_epoch=0", "eval_every_n_epoch", "or inf"),
+])
+def test_bad_values_name_key_and_rule(tmp_path, override, key, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, GOOD), [override])
+    assert repr(key) in str(info.value) and expected in str(info.value)
+
+
+@pytest.mark.parametrize("override", ["save_every_n_epoch=inf", "eval_every_n_epoch=inf", "bn.precise_every_n_epoch=-1",
+                                      "solver.warmup_epochs=0.25", "data.name=Fashion-MNIST", "model.norm=GN"])
+def test_documented_special_values_are_accepted(tmp_path, override):
+    load_config(write(tmp_path, GOOD), [override])
+
+
+def test_cross_key_rules(tmp_path):
+    with pytest.raises(ConfigError, match="lower must be < solver.grad_clip.upper"):
+        load_config(write(tmp_path, GOOD), ["solver.grad_clip.lower=1.0", "solver.grad_clip.upper=-1.0"])
+    with pytest.raises(ConfigError, match="3 values for data.channels=1"):
+        load_config(write(tmp_path, GOOD), ["data.channels=1", "data.mean=(1.0, 2.0, 3.0)"])
+
+
+def test_a_bad_value_in_a_config_file_is_caught_too(tmp_path):
+    body = "class Cfg(BaseConfig):\n    def __init__(self):\n        super().__init__()\n        self.batch_size = 2.5\n"
+    with pytest.raises(ConfigError, match="'batch_size' must be an integer"):
+        load_config(write(tmp_path, body))
+
+
+def test_every_key_has_a_rule():
+    from basebn.config.checks import RULES
+
+    assert set(flatten(BaseConfig())) == set(RULES)

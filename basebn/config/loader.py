@@ -6,6 +6,7 @@ import math
 import os
 from collections.abc import Mapping
 
+from .checks import CheckFailed, check_values
 from .defaults import BaseConfig
 
 __all__ = ["ConfigError", "load_config", "parse_overrides", "flatten", "config_diff"]
@@ -142,27 +143,11 @@ def load_config(path, overrides=()):
 
 
 def validate(cfg):
-    """Value checks that types alone cannot catch."""
-    s = cfg.solver
-    checks = [
-        (cfg.batch_size >= 1, "batch_size must be >= 1"),
-        (cfg.num_classes >= 2, "num_classes must be >= 2"),
-        (s.max_epoch >= 1, "solver.max_epoch must be >= 1"),
-        (s.optimizer in ("sgd", "adamw"), "solver.optimizer must be 'sgd' or 'adamw'"),
-        (s.lr_schedule in ("cosine", "step", "linear"), "solver.lr_schedule must be cosine, step or linear"),
-        (s.accumulation_steps >= 1, "solver.accumulation_steps must be >= 1"),
-        (s.grad_clip.name in (None, "norm", "value"), "solver.grad_clip.name must be None, 'norm' or 'value'"),
-        (0 <= cfg.loss.label_smooth < 1, "loss.label_smooth must be in [0, 1)"),
-        (cfg.bn.precise_method in ("pooled", "batch_average"), "bn.precise_method must be pooled or batch_average"),
-        (0 <= cfg.bn.momentum <= 1, "bn.momentum must be in [0, 1]"),
-        (cfg.model_ema.update_period >= 1, "model_ema.update_period must be >= 1"),
-        (cfg.eval_every_n_epoch > 0 and cfg.save_every_n_epoch > 0, "eval/save_every_n_epoch must be > 0 (inf = off)"),
-        (cfg.bn.precise_every_n_epoch == -1 or cfg.bn.precise_every_n_epoch > 0,
-         "bn.precise_every_n_epoch must be > 0, -1 (after the last epoch) or inf (off)"),
-    ]
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(msg)
+    """Check every value against its rule in checks.RULES; a bad one raises ConfigError naming the key."""
+    try:
+        check_values(flatten(cfg))
+    except CheckFailed as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def config_diff(cfg):

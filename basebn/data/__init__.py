@@ -1,7 +1,7 @@
 """Datasets, batch augmentations and the sharded numpy batch loader."""
 
 from .base import Adapted, ArrayDataset, Dataset, Subset, subset_indices
-from .build import DATASET_NAMES, build_dataset, build_loader, validate_dataset
+from .build import DATASET_ALIASES, DATASET_NAMES, build_dataset, build_loader, validate_dataset
 from .cifar import CIFAR10, CIFAR100
 from .errors import DataError
 from .idx import MNIST, FashionMNIST, read_idx, write_idx
@@ -13,7 +13,7 @@ from .transforms import augment, crop_flip, normalize, random_crop, random_hflip
 __all__ = [
     "DataError", "Dataset", "ArrayDataset", "Subset", "Adapted", "subset_indices",
     "SyntheticShapes", "FashionMNIST", "MNIST", "CIFAR10", "CIFAR100", "ImageFolder",
-    "read_idx", "write_idx", "BatchLoader", "DATASET_NAMES", "build_dataset", "build_loader",
+    "read_idx", "write_idx", "BatchLoader", "DATASET_NAMES", "DATASET_ALIASES", "build_dataset", "build_loader",
     "validate_dataset", "augment", "crop_flip", "normalize", "random_crop", "random_hflip",
     "sample_crop_flip",
 ]

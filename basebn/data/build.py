@@ -29,10 +29,10 @@ from .image_folder import ImageFolder
 from .loader import BatchLoader
 from .synthetic import SyntheticShapes
 
-__all__ = ["DATASET_NAMES", "build_dataset", "build_loader", "validate_dataset"]
+__all__ = ["DATASET_NAMES", "DATASET_ALIASES", "build_dataset", "build_loader", "validate_dataset"]
 
 DATASET_NAMES = ("synthetic", "fashion_mnist", "mnist", "cifar10", "cifar100", "imagefolder")
-_ALIASES = {"fashion-mnist": "fashion_mnist", "fashionmnist": "fashion_mnist",
+DATASET_ALIASES = {"fashion-mnist": "fashion_mnist", "fashionmnist": "fashion_mnist",
             "cifar-10": "cifar10", "cifar-100": "cifar100", "image_folder": "imagefolder"}
 
 
@@ -58,7 +58,7 @@ def _opt_int(cfg, key):
 def build_dataset(data_cfg, train: bool) -> Dataset:
     """The train (``train=True``) or test/val split described by ``data_cfg``."""
     raw_name = str(_get(data_cfg, "name", "synthetic"))
-    name = _ALIASES.get(raw_name.lower(), raw_name.lower())
+    name = DATASET_ALIASES.get(raw_name.lower(), raw_name.lower())
     if name not in DATASET_NAMES:
         raise DataError(f"unknown dataset data.name={raw_name!r}; valid names: "
                         f"{', '.join(DATASET_NAMES)}")

@@ -8,7 +8,7 @@ Three backends behind one API:
 * ``"mpi"``: ``mpi4py`` on ``COMM_WORLD``; processes come from ``mpiexec -n K python ...``. This is
   the multi-process path on CPU (``megengine.distributed`` only supports GPUs).
 * ``"none"``: one process; every collective is the identity (``all_gather`` adds a leading axis of
-  size 1, the object collectives return ``[obj]``).
+  size 1).
 
 :func:`init` picks one (``"auto"``: nccl when ``megengine.distributed.is_distributed()``, else mpi
 when the environment says we run under an MPI launcher with more than one rank, else none). Every
@@ -23,7 +23,14 @@ single-process tests can check how many a layer would issue).
 """
 import contextlib
 import os
+import sys
 import threading
+
+import megengine.distributed as mdist
+
+from .local import LocalBackend
+from .mpi import MPIBackend
+from .nccl import NCCLBackend
 
 __all__ = [
     "init",
@@ -38,13 +45,12 @@ __all__ = [
     "all_reduce_sum",
     "all_gather",
     "broadcast",
-    "all_gather_object",
-    "gather_object",
-    "broadcast_object",
     "collective_count",
     "count_collectives",
     "CollectiveCounter",
     "mpi_world_size_from_env",
+    "is_multiprocess_job",
+    "abort_job",
     "BACKENDS",
 ]
 
@@ -74,20 +80,12 @@ def mpi_world_size_from_env(environ=None):
     return 0
 
 
-def _megengine_distributed():
-    try:
-        import megengine.distributed as mdist
-    except Exception:  # noqa: BLE001 - a broken megengine install just means "not distributed"
-        return False
-    return mdist.is_distributed()
-
-
 def _resolve(name):
     if name not in BACKENDS:
         raise ValueError(f"basebn.distributed backend must be one of {BACKENDS}, got {name!r}")
     if name != "auto":
         return name
-    if _megengine_distributed():
+    if mdist.is_distributed():
         return "nccl"
     if mpi_world_size_from_env() > 1:
         return "mpi"
@@ -96,22 +94,36 @@ def _resolve(name):
 
 def _make(name):
     if name == "nccl":
-        from .nccl import NCCLBackend
-
         return NCCLBackend()
     if name == "mpi":
         try:
-            from .mpi import MPIBackend
-
             return MPIBackend()
         except ImportError as exc:
             raise RuntimeError(
                 "basebn.distributed: backend 'mpi' needs mpi4py and an MPI library "
                 "(pip install mpi4py mpich, or pip install -e '.[mpi]')"
             ) from exc
-    from .local import LocalBackend
-
     return LocalBackend()
+
+
+def is_multiprocess_job():
+    """True when this process is one of several (an MPI launch, or MegEngine's launcher), initialised or not."""
+    return mdist.is_distributed() or mpi_world_size_from_env() > 1
+
+
+def abort_job(code):
+    """End every process of the job now with exit status `code`, so no rank waits forever in a collective.
+
+    Under MPI this is MPI_Abort on COMM_WORLD (mpiexec ends every rank); under MegEngine's launcher the
+    launcher terminates the other local workers when this one exits non-zero.
+    """
+    sys.stderr.flush()
+    sys.stdout.flush()
+    if mpi_world_size_from_env() > 1:
+        from mpi4py import MPI  # optional dependency, present whenever an MPI launch reached here
+
+        MPI.COMM_WORLD.Abort(code)
+    os._exit(code)
 
 
 def init(backend="auto"):
@@ -205,21 +217,6 @@ def broadcast(tensor, src=0, group=None):
     """``src``'s ``tensor`` on every rank (all ranks pass a tensor of the same shape/dtype)."""
     _count("broadcast")
     return _get().broadcast(tensor, src, group)
-
-
-def all_gather_object(obj, group=None):
-    """List of every rank's picklable ``obj``, in rank order."""
-    return _get().all_gather_object(obj, group)
-
-
-def gather_object(obj, dst=0, group=None):
-    """List of every rank's ``obj`` on rank ``dst``; ``None`` on the other ranks."""
-    return _get().gather_object(obj, dst, group)
-
-
-def broadcast_object(obj, src=0, group=None):
-    """``src``'s picklable ``obj`` on every rank."""
-    return _get().broadcast_object(obj, src, group)
 
 
 # ------------------------------------------------------------------------------------ counting

@@ -1,10 +1,9 @@
 """Helpers shared by the collective backends: Tensor <-> numpy round trips that keep dtype/device."""
+import megengine as mge
 import numpy as np
 
 
 def is_tensor(x):
-    import megengine as mge
-
     return isinstance(x, mge.Tensor)
 
 
@@ -23,6 +22,4 @@ def from_numpy(arr, like):
     """Inverse of :func:`to_numpy`: numpy stays numpy, a Tensor ``like`` gives a Tensor like it."""
     if like is None:
         return arr
-    import megengine as mge
-
     return mge.tensor(arr, dtype=like.dtype, device=like.device)

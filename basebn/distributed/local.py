@@ -28,17 +28,6 @@ class LocalBackend:
             return x
         return np.array(x, copy=True)
 
-    def all_gather_object(self, obj, group=None):
-        return [obj]
-
-    def gather_object(self, obj, dst=0, group=None):
-        _check_src(dst)
-        return [obj]
-
-    def broadcast_object(self, obj, src=0, group=None):
-        _check_src(src)
-        return obj
-
     def new_group(self, ranks):
         if list(ranks) != [0]:
             raise ValueError(f"single-process backend: a group can only be [0], got {list(ranks)}")

@@ -6,6 +6,8 @@ with the input's dtype and device. ``mpi4py`` is imported only when this backend
 A ``group`` argument is an mpi4py communicator (see :func:`basebn.distributed.new_group`); ``None`` is
 ``COMM_WORLD``. Ranks given to ``src``/``dst`` are ranks inside that communicator.
 """
+import sys
+
 import numpy as np
 
 from ._common import from_numpy, to_numpy
@@ -22,6 +24,18 @@ def _bytes(arr):
     return arr.reshape(-1).view(np.uint8)
 
 
+def _abort_on_uncaught_exception(comm):
+    """An exception no one catches prints its traceback on its rank, then ends every rank (none hangs)."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        sys.stderr.flush()
+        comm.Abort(1)
+
+    sys.excepthook = hook
+
+
 class MPIBackend:
     name = "mpi"
 
@@ -32,6 +46,7 @@ class MPIBackend:
         self.comm = MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.world_size = self.comm.Get_size()
+        _abort_on_uncaught_exception(self.comm)
 
     def _c(self, group):
         return self.comm if group is None else group
@@ -66,15 +81,6 @@ class MPIBackend:
         buf = np.array(arr, copy=True, order="C")
         comm.Bcast([_bytes(buf), self.MPI.BYTE], root=src)
         return from_numpy(buf, like)
-
-    def all_gather_object(self, obj, group=None):
-        return self._c(group).allgather(obj)
-
-    def gather_object(self, obj, dst=0, group=None):
-        return self._c(group).gather(obj, root=dst)
-
-    def broadcast_object(self, obj, src=0, group=None):
-        return self._c(group).bcast(obj, root=src)
 
     def new_group(self, ranks):
         """Communicator over ``ranks`` (collective over COMM_WORLD: every rank must call it).

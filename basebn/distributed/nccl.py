@@ -17,7 +17,10 @@ of the padded payloads).
 """
 import pickle
 
+import megengine as mge
+import megengine.distributed as mdist
 import numpy as np
+from megengine.functional.distributed import all_gather, all_reduce_sum, broadcast
 
 from ._common import is_tensor
 
@@ -28,8 +31,6 @@ class NCCLBackend:
     name = "nccl"
 
     def __init__(self):
-        import megengine.distributed as mdist
-
         if not mdist.is_distributed():
             raise RuntimeError(
                 "basebn.distributed: backend 'nccl' needs megengine.distributed to be initialised; start the "
@@ -65,28 +66,24 @@ class NCCLBackend:
 
     # ------------------------------------------------------------------ tensors
     def all_reduce_sum(self, x, group=None):
-        import megengine as mge
-        from megengine.functional.distributed import all_reduce_sum
 
         if is_tensor(x):
             return all_reduce_sum(x, group=self._g(group))
         arr = np.require(np.asarray(x), requirements="C")
         if arr.dtype in _DEVICE_SUM:
             return all_reduce_sum(mge.tensor(arr, dtype=arr.dtype), group=self._g(group)).numpy()
-        parts = self.all_gather_object(arr, group)
+        parts = self._all_gather_object(arr, group)
         wide = np.float64 if np.issubdtype(arr.dtype, np.floating) else None
         out = np.sum(np.stack(parts).astype(wide) if wide else np.stack(parts), axis=0)
         return np.asarray(out).astype(arr.dtype)
 
     def all_gather(self, x, group=None):
-        import megengine as mge
-        from megengine.functional.distributed import all_gather
 
         g = self._g(group)
         if not is_tensor(x):
             arr = np.require(np.asarray(x), requirements="C")
             if arr.dtype not in _DEVICE_SUM:
-                return np.stack(self.all_gather_object(arr, group))
+                return np.stack(self._all_gather_object(arr, group))
             return self.all_gather(mge.tensor(arr, dtype=arr.dtype), group).numpy()
         shape = tuple(x.shape)
         # MegEngine concatenates along axis 0; a leading 1 turns that into a stack
@@ -94,14 +91,12 @@ class NCCLBackend:
         return out.reshape((g.size,) + shape)
 
     def broadcast(self, x, src=0, group=None):
-        import megengine as mge
-        from megengine.functional.distributed import broadcast
 
         g = self._rooted_group(group, src)
         if not is_tensor(x):
             arr = np.require(np.asarray(x), requirements="C")
             if arr.dtype not in _DEVICE_SUM:
-                return self.broadcast_object(arr, src, group)
+                return self._broadcast_object(arr, src, group)
             return broadcast(mge.tensor(arr, dtype=arr.dtype), group=g).numpy()
         return broadcast(x, group=g)
 
@@ -114,9 +109,7 @@ class NCCLBackend:
         padded[:n] = np.frombuffer(data, dtype=np.uint8)
         return n, padded.view(np.int32)
 
-    def all_gather_object(self, obj, group=None):
-        import megengine as mge
-        from megengine.functional.distributed import all_gather
+    def _all_gather_object(self, obj, group=None):
 
         g = self._g(group)
         n, words = self._encode(obj)
@@ -128,13 +121,7 @@ class NCCLBackend:
         out = all_gather(mge.tensor(buf, dtype="int32"), group=g).numpy().reshape(g.size, width)
         return [pickle.loads(out[i].view(np.uint8)[: sizes[i]].tobytes()) for i in range(g.size)]
 
-    def gather_object(self, obj, dst=0, group=None):
-        objs = self.all_gather_object(obj, group)
-        return objs if self.rank == dst else None
-
-    def broadcast_object(self, obj, src=0, group=None):
-        import megengine as mge
-        from megengine.functional.distributed import broadcast
+    def _broadcast_object(self, obj, src=0, group=None):
 
         g = self._rooted_group(group, src)
         if self.rank == src:

@@ -11,6 +11,11 @@ MODELS = {
 }
 
 
+def list_models():
+    """Names build_model accepts, in table order."""
+    return list(MODELS)
+
+
 def build_model(name, **kwargs):
     """Build model `name` (a key of MODELS); kwargs go to the constructor (num_classes, in_channels, norm, ...)."""
     if name not in MODELS:

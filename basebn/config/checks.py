@@ -1,0 +1,190 @@
+"""Value rules for every config key, checked when a config is loaded (before anything runs).
+
+RULES maps each flat key of the defaults to a rule; a test checks that no key is left without one.
+A rule is a callable returning None when the value is fine, else what the value must be.
+"""
+import math
+import numbers
+
+from ..data import DATASET_ALIASES, DATASET_NAMES
+from ..layers.norm import NORM_KINDS
+from ..models import list_models
+
+__all__ = ["RULES", "check_values", "CheckFailed"]
+
+
+class CheckFailed(ValueError):
+    """Raised by check_values with the key, the value and what it must be."""
+
+
+def _is_int(v):
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v):
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def integer(low=None, inf_ok=False):
+    def rule(v):
+        if inf_ok and _is_real(v) and v == math.inf:
+            return None
+        if not _is_int(v) or (low is not None and v < low):
+            return f"an integer >= {low}" + (" or inf" if inf_ok else "") if low is not None else "an integer"
+        return None
+    return rule
+
+
+def real(low=-math.inf, high=math.inf, low_open=False, high_open=False):
+    """A finite number in the interval (brackets in the message say which ends are included)."""
+    def rule(v):
+        ok = _is_real(v) and math.isfinite(v) and (v > low if low_open else v >= low) and (
+            v < high if high_open else v <= high)
+        if ok:
+            return None
+        if high == math.inf:
+            return f"a finite number {'>' if low_open else '>='} {low:g}"
+        lo, hi = ("(" if low_open else "[") + f"{low:g}", f"{high:g}" + (")" if high_open else "]")
+        return f"a finite number in {lo}, {hi}"
+    return rule
+
+
+def choice(*values):
+    def rule(v):
+        return None if v in values else "one of " + ", ".join(repr(x) for x in values)
+    return rule
+
+
+def optional(inner):
+    def rule(v):
+        if v is None:
+            return None
+        msg = inner(v)
+        return None if msg is None else f"None or {msg}"
+    return rule
+
+
+def boolean(v):
+    return None if isinstance(v, bool) else "True or False"
+
+
+def text(v):
+    return None if isinstance(v, str) and v else "a non-empty string"
+
+
+def numbers_list(item_rule, length=None):
+    def rule(v):
+        if not isinstance(v, (list, tuple)) or (length is not None and len(v) != length) or any(
+                item_rule(x) is not None for x in v):
+            n = f"{length} " if length is not None else ""
+            return f"a list of {n}values, each {item_rule(object())}"
+        return None
+    return rule
+
+
+def every_n_epochs(v):
+    """inf = never, -1 = after the last epoch only, else a positive whole number of epochs."""
+    if _is_real(v) and (v == math.inf or v == -1 or (_is_int(v) and v >= 1)):
+        return None
+    return "an integer >= 1, -1 (after the last epoch only) or inf (off)"
+
+
+def _dataset_name(v):
+    ok = isinstance(v, str) and (v.lower() in DATASET_NAMES or v.lower() in DATASET_ALIASES)
+    return None if ok else "one of " + ", ".join(DATASET_NAMES)
+
+
+def _model_name(v):
+    names = list_models()
+    return None if v in names else "one of " + ", ".join(names)
+
+
+RULES = {
+    "batch_size": integer(1),
+    "num_classes": integer(2),
+    "output_dir": optional(text),
+    "seed": integer(0),
+    "data.name": _dataset_name,
+    "data.root": optional(text),
+    "data.image_size": optional(integer(8)),
+    "data.channels": optional(choice(1, 3)),
+    "data.pad": optional(integer(0)),
+    "data.hflip": optional(boolean),
+    "data.mean": optional(numbers_list(real())),
+    "data.std": optional(numbers_list(real(0, low_open=True))),
+    "data.train_size": integer(1),
+    "data.test_size": integer(1),
+    "data.max_train_samples": optional(integer(1)),
+    "data.max_test_samples": optional(integer(1)),
+    "data.prefetch": boolean,
+    "model.name": _model_name,
+    "model.stem": choice("small", "imagenet"),
+    "model.stem_stride": integer(1),
+    "model.base_width": optional(integer(1)),
+    "model.norm": choice(*NORM_KINDS),
+    "model.weights": optional(text),
+    "model.zero_init_residual": boolean,
+    "loss.label_smooth": real(0, 1, high_open=True),
+    "solver.optimizer": choice("sgd", "adamw"),
+    "solver.basic_lr": real(0, low_open=True),
+    "solver.momentum": real(0, 1, high_open=True),
+    "solver.weight_decay": real(0),
+    "solver.nesterov": boolean,
+    "solver.betas": numbers_list(real(0, 1, high_open=True), length=2),
+    "solver.weight_decay_exclude_norm_bias": boolean,
+    "solver.max_epoch": integer(1),
+    "solver.warmup_epochs": real(0),
+    "solver.warmup_factor": real(0, 1),
+    "solver.lr_schedule": choice("cosine", "step", "linear"),
+    "solver.lr_decay_steps": numbers_list(real(0)),
+    "solver.lr_decay_factor": real(0, 1, low_open=True),
+    "solver.lr_min_factor": real(0, 1),
+    "solver.grad_clip.name": choice(None, "norm", "value"),
+    "solver.grad_clip.max_norm": lambda v: None if _is_real(v) and v > 0 else "a number > 0 (inf = no clipping)",
+    "solver.grad_clip.lower": lambda v: None if _is_real(v) and not math.isnan(v) else "a number (-inf allowed)",
+    "solver.grad_clip.upper": lambda v: None if _is_real(v) and not math.isnan(v) else "a number (inf allowed)",
+    "solver.accumulation_steps": integer(1),
+    "model_ema.enabled": boolean,
+    "model_ema.momentum": real(0, 1),
+    "model_ema.update_period": integer(1),
+    "model_ema.start_epoch": integer(0),
+    "model_ema.alpha": optional(real(0, low_open=True)),
+    "model_ema.copy_buffers": boolean,
+    "bn.momentum": real(0, 1),
+    "bn.eps": real(0, low_open=True),
+    "bn.precise_every_n_epoch": every_n_epochs,
+    "bn.num_samples_precise": integer(1),
+    "bn.precise_method": choice("pooled", "batch_average"),
+    "bn.norm_eval": boolean,
+    "bn.efficient_conv_bn_eval": boolean,
+    "amp.enabled": boolean,
+    "amp.dynamic_scale": boolean,
+    "trace": boolean,
+    "log_every_n_iter": integer(1),
+    "save_every_n_epoch": integer(1, inf_ok=True),
+    "eval_every_n_epoch": integer(1, inf_ok=True),
+}
+
+
+def _cross_checks(flat):
+    """Rules that involve two keys: (ok, message)."""
+    clip = flat["solver.grad_clip.lower"] < flat["solver.grad_clip.upper"]
+    yield clip, "solver.grad_clip.lower must be < solver.grad_clip.upper"
+    for key in ("data.mean", "data.std"):
+        v, ch = flat[key], flat["data.channels"]
+        if v is not None and ch is not None:
+            yield len(v) in (1, ch), f"{key} has {len(v)} values for data.channels={ch}; give 1 or {ch}"
+    steps = list(flat["solver.lr_decay_steps"])
+    yield steps == sorted(steps), "solver.lr_decay_steps must be in increasing order"
+
+
+def check_values(flat):
+    """Raise CheckFailed for the first value of the flat config `flat` that breaks its rule."""
+    for key, rule in RULES.items():
+        if key in flat:
+            msg = rule(flat[key])
+            if msg is not None:
+                raise CheckFailed(f"config key {key!r} must be {msg}, got {flat[key]!r}")
+    for ok, msg in _cross_checks(flat):
+        if not ok:
+            raise CheckFailed(msg)
