@@ -4,11 +4,7 @@
   basebn-fallback  the same four ops through the pure-MegEngine fallback
   mge-BatchNorm2d  megengine.module.BatchNorm2d forward + backward through GradManager
 
-Also measured: a memory-bandwidth bound on this machine. The four kernels move 8 tensors' worth
-of bytes (stats: read x; normalize: read x, write y; reduce: read dy, x; elemt: read dy, x,
-write dx), so bound = 8 * bytes(x) / streaming bandwidth, the bandwidth taken from a
-multi-threaded C++ copy through the same kernel library (bytes read + written per second).
-Printed: median ms, speed-up over BatchNorm2d and time / bound.
+Printed: median ms and speed-up over BatchNorm2d.
 
     .venv/bin/python benchmarks/bench_bn_ops.py [--reps 7] [--shapes 128,32,28,28 32,256,14,14]
 """
@@ -82,49 +78,17 @@ def make_mge_bn(c, x, dy):
     return run
 
 
-def stream_bandwidth_gbs(nbytes, reps, k=8):
-    """(C++ multi-threaded copy GB/s, numpy single-thread copy GB/s), bytes read + written.
-
-    The C++ copy runs inside one kernel call 1 and 1 + k times; the difference of the two
-    medians is k pure copies (no allocation, page faults or dispatch in it).
-    """
-    n = nbytes // 4
-    src_np = np.random.rand(n).astype(np.float32)
-    res = []
-    if bn_ops.kernel_available():
-        src = mge.tensor(src_np)
-        t1 = _median_ms(lambda: bn_ops.copy_bandwidth_op(src, 1), reps, 1)
-        tk = _median_ms(lambda: bn_ops.copy_bandwidth_op(src, 1 + k), reps, 1)
-        res.append(2 * nbytes * k / (max(tk - t1, 1e-6) * 1e-3) / 1e9)
-    else:
-        res.append(float("nan"))
-    dst = np.empty_like(src_np)
-    np.copyto(dst, src_np)
-    t = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        np.copyto(dst, src_np)
-        t.append(time.perf_counter() - t0)
-    res.append(2 * nbytes / float(np.median(t)) / 1e9)
-    return res
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--shapes", nargs="*", default=["128,32,28,28", "32,256,14,14"])
-    ap.add_argument("--bw-mb", type=int, default=64, help="buffer size for the bandwidth probe")
     args = ap.parse_args()
 
     have_kernel = bn_ops.kernel_available()
     threads = os.environ.get("BASEBN_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
     print(f"megengine {mge.__version__}, cores {len(os.sched_getaffinity(0))}, kernel threads {threads}, "
           f"kernels: {'available' if have_kernel else 'UNAVAILABLE: ' + str(bn_ops.kernel_error())}")
-    bw_cpp, bw_np = stream_bandwidth_gbs(args.bw_mb << 20, args.reps)
-    print(f"streaming bandwidth (read+write): C++ copy {bw_cpp:.1f} GB/s, numpy copy {bw_np:.1f} GB/s "
-          f"({args.bw_mb} MB buffers)")
-    bw = bw_cpp if np.isfinite(bw_cpp) else bw_np
 
     rows = []
     rng = np.random.default_rng(0)
@@ -135,8 +99,6 @@ def main():
         dy = mge.tensor(rng.standard_normal(shape).astype(np.float32))
         w = mge.tensor(np.ones(c, np.float32))
         b = mge.tensor(np.zeros(c, np.float32))
-        nbytes = int(np.prod(shape)) * 4
-        bound_ms = 8 * nbytes / (bw * 1e9) * 1e3
 
         fns = {"mge-BatchNorm2d": make_mge_bn(c, x, dy)}
         split = None
@@ -168,18 +130,17 @@ def main():
                         lambda: bn_ops.bn_backward_elemt(dy, x, mean, invstd, w, s1, s2, cnt), args.reps, 1
                     ),
                 }
-        rows.append((shape, nbytes, bound_ms, res, best, split))
+        rows.append((shape, res, best, split))
 
     print()
-    print(f"{'shape':>16} {'method':>16} {'median ms':>10} {'min ms':>8} {'vs BN2d':>8} {'/bound':>7}")
-    for shape, nbytes, bound_ms, res, best, split in rows:
+    print(f"{'shape':>16} {'method':>16} {'median ms':>10} {'min ms':>8} {'vs BN2d':>8}")
+    for shape, res, best, split in rows:
         ref = res["mge-BatchNorm2d"]
         for name in ("basebn-kernel", "mge-BatchNorm2d", "basebn-fallback"):
             if name in res:
                 ms = res[name]
                 print(f"{'x'.join(map(str, shape)):>16} {name:>16} {ms:10.2f} {best[name]:8.2f} "
-                      f"{ref / ms:7.2f}x {ms / bound_ms:7.2f}")
-        print(f"{'':>16} {'bandwidth bound':>16} {bound_ms:10.2f}   (8 x {nbytes / 2**20:.1f} MiB at {bw:.1f} GB/s)")
+                      f"{ref / ms:7.2f}x")
         if split:
             print(f"{'':>16} kernel per-op median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
 

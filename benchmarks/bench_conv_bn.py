@@ -92,11 +92,11 @@ def _build(name):
 def _randomize_bn(model, seed=0):
     import numpy as np
 
-    from basebn.layers.graph import is_batchnorm2d
+    from basebn.layers.norm import is_bn2d
 
     rng = np.random.default_rng(seed)
     for m in model.modules():
-        if is_batchnorm2d(m):
+        if is_bn2d(m):
             c = m.num_features
             m.load_state_dict({
                 "weight": rng.uniform(0.5, 1.5, (1, c, 1, 1)).astype(np.float32),
@@ -110,17 +110,17 @@ def _prepare(args, variant):
     """(model, params, pairs) of `variant`, set up for fine-tuning with BNs in eval mode."""
     import megengine as mge
 
-    from basebn.layers import FrozenBatchNorm2d, enable_efficient_conv_bn_eval
-    from basebn.layers.graph import is_batchnorm2d
+    from basebn.layers import convert_frozen_batchnorm, enable_efficient_conv_bn_eval
+    from basebn.layers.norm import is_bn2d
 
     mge.random.seed(0)
     model = _build(args.model)
     _randomize_bn(model)
     if variant.startswith("frozen"):
-        model = FrozenBatchNorm2d.convert_frozen_batchnorm(model)
+        model = convert_frozen_batchnorm(model)
     model.train()
     for m in model.modules():  # fine-tuning with norm_eval: BNs use (and keep) their running statistics
-        if is_batchnorm2d(m):
+        if is_bn2d(m):
             m.eval()
     pairs = []
     if variant.endswith("efficient"):
@@ -205,13 +205,13 @@ def child_infer(args):
     import numpy as np
 
     from basebn.layers import fuse_conv_bn
-    from basebn.layers.graph import is_batchnorm2d
+    from basebn.layers.norm import is_bn2d
 
     model = _prepare(args, "plain")[0]
     model.eval()
     x_full, _, small = _inputs(args)
     fused = fuse_conv_bn(model, example_input=small)
-    n_bn = sum(is_batchnorm2d(m) for m in fused.modules())
+    n_bn = sum(is_bn2d(m) for m in fused.modules())
     times = {"plain": [], "fused": []}
     outs = {name: m(x_full).numpy() for name, m in (("plain", model), ("fused", fused))}  # warm-up
     for _ in range(args.repeat):

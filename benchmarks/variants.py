@@ -5,7 +5,7 @@ import os
 
 from basebn.engine.build import build_data, build_model_from_cfg, load_weights
 from basebn.engine.evaluate import evaluate
-from basebn.engine.precise_bn import update_bn_stats
+from basebn.layers.precise_bn import update_bn_stats
 
 
 def evaluate_variants(cfg, run_dir, variants, precise_samples, cache_name="eval.json"):

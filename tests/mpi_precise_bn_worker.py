@@ -16,6 +16,11 @@ import megengine as mge
 import megengine.functional as F
 import megengine.module as M
 
+from basebn import distributed as dist
+from basebn.layers.frozen_bn import FrozenBatchNorm2d
+from basebn.layers.precise_bn import collect_bn_population_stats, update_bn_stats
+from basebn.layers.sync_bn import SyncBatchNorm
+
 # scenario -> (bn1 kind, bn2 kind, sync_bn mode, num_samples)
 SCENARIOS = {
     "local": ("BN", "SyncBN", "local", 10_000),    # uneven batch counts with a SyncBN: must not hang
@@ -27,12 +32,8 @@ SCENARIOS = {
 
 def _norm(kind, c):
     if kind == "SyncBN":
-        from basebn.layers.sync_bn import SyncBatchNorm
-
         return SyncBatchNorm(c)
     if kind == "FrozenBN":
-        from basebn.layers.frozen_bn import FrozenBatchNorm2d
-
         return FrozenBatchNorm2d(c)
     return M.BatchNorm2d(c)
 
@@ -81,9 +82,6 @@ def bn_state(model):
 
 
 def main(out_dir):
-    from basebn import distributed as dist
-    from basebn.engine.precise_bn import collect_bn_population_stats, update_bn_stats
-
     dist.init("auto")
     rank, world = dist.get_rank(), dist.get_world_size()
     inp = np.load(os.path.join(out_dir, "in.npz"))

@@ -3,13 +3,18 @@
 Every numerical test runs on both paths: the compiled kernels ("kernel", skipped with the build
 error as reason when they cannot be built) and the pure-MegEngine fallback.
 """
+import os
+
 import numpy as np
 import pytest
+from loguru import logger
 
 import megengine as mge
 import megengine.functional as F
 
+import basebn
 from basebn.layers import bn_ops
+from bn_ops_support import failed_kernel_build, forced_strided_kernels
 
 BACKENDS = ["kernel", "fallback"]
 
@@ -194,17 +199,17 @@ def test_fresh_input_from_preceding_ops(backend):
 
 
 @pytest.mark.parametrize("force_strided", [False, True], ids=["as_given", "gather_path"])
-def test_non_contiguous(backend, force_strided, monkeypatch):
-    monkeypatch.setattr(bn_ops, "_FORCE_STRIDED", force_strided)
-    rng = np.random.default_rng(5)
-    base = rng.standard_normal((3, 4, 6, 10)).astype(np.float32)
-    # transposed (C, N, H, W) -> (N, C, H, W) view and a strided slice
-    xt = mge.tensor(np.ascontiguousarray(base.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
-    _full_check(base, rng, backend, x_t=xt)
-    xs = mge.tensor(base)[:, :, ::2, 1::3]
-    _full_check(np.ascontiguousarray(base[:, :, ::2, 1::3]), rng, backend, x_t=xs)
-    small = rng.standard_normal((5, 6, 3)).astype(np.float32)  # columns path
-    _full_check(small, rng, backend, x_t=mge.tensor(small))
+def test_non_contiguous(backend, force_strided):
+    with forced_strided_kernels(force_strided):
+        rng = np.random.default_rng(5)
+        base = rng.standard_normal((3, 4, 6, 10)).astype(np.float32)
+        # transposed (C, N, H, W) -> (N, C, H, W) view and a strided slice
+        xt = mge.tensor(np.ascontiguousarray(base.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
+        _full_check(base, rng, backend, x_t=xt)
+        xs = mge.tensor(base)[:, :, ::2, 1::3]
+        _full_check(np.ascontiguousarray(base[:, :, ::2, 1::3]), rng, backend, x_t=xs)
+        small = rng.standard_normal((5, 6, 3)).astype(np.float32)  # columns path
+        _full_check(small, rng, backend, x_t=mge.tensor(small))
 
 
 @pytest.mark.parametrize("shape", [(8, 3), (4, 3, 5, 6), (2, 2, 3, 4, 5)], ids=lambda s: "x".join(map(str, s)))
@@ -291,14 +296,6 @@ def test_under_jit_trace(backend, symbolic):
         _close(dx, ref_backward_elemt(dy_np, e, rmean, rinv, None, rs1, rs2, cnt), rtol=1e-3, atol=1e-4)
 
 
-def test_copy_probe_op():
-    if not bn_ops.kernel_available():
-        pytest.skip(f"BN kernels unavailable: {bn_ops.kernel_error()}")
-    x_np = np.random.default_rng(11).standard_normal(300000).astype(np.float32)
-    y = bn_ops.copy_bandwidth_op(mge.tensor(x_np), reps=3)
-    np.testing.assert_array_equal(y.numpy(), x_np)
-
-
 # ----------------------------------------------------------------------------- selection
 def test_backend_env_var(monkeypatch):
     monkeypatch.setenv("BASEBN_BN_BACKEND", "fallback")
@@ -313,31 +310,33 @@ def test_backend_env_var(monkeypatch):
         assert bn_ops.backend() == "fallback"
 
 
-def test_forced_kernel_build_failure_raises_and_auto_warns_once(monkeypatch):
-    state = {"tried": True, "lib": None, "error": "RuntimeError: simulated compile error", "warned": False}
-    monkeypatch.setattr(bn_ops, "_kernel_state", state)
-    with bn_ops.use_backend("kernel"):
-        with pytest.raises(bn_ops.KernelUnavailableError, match="simulated compile error"):
-            bn_ops.backend()
-    from loguru import logger
-
+def test_forced_kernel_build_failure_raises_and_auto_warns_once():
     messages = []
-    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING")
-    try:
-        with bn_ops.use_backend("auto"):
-            assert bn_ops.backend() == "fallback"
-            x = mge.tensor(np.ones((2, 3), np.float32))
-            mean, _ = bn_ops.bn_stats(x)
-            np.testing.assert_array_equal(mean.numpy(), np.ones(3, np.float32))
-    finally:
-        logger.remove(sink)
+    with failed_kernel_build("RuntimeError: simulated compile error"):
+        assert not bn_ops.kernel_available() and "simulated" in bn_ops.kernel_error()
+        with bn_ops.use_backend("kernel"):
+            with pytest.raises(bn_ops.KernelUnavailableError, match="simulated compile error"):
+                bn_ops.backend()
+        sink = logger.add(lambda m: messages.append(str(m)), level="WARNING")
+        try:
+            with bn_ops.use_backend("auto"):
+                assert bn_ops.backend() == "fallback"
+                x = mge.tensor(np.ones((2, 3), np.float32))
+                mean, _ = bn_ops.bn_stats(x)
+                np.testing.assert_array_equal(mean.numpy(), np.ones(3, np.float32))
+        finally:
+            logger.remove(sink)
     assert sum("simulated compile error" in m for m in messages) == 1
 
 
 def test_kernel_cache_is_keyed_by_source_hash():
     if not bn_ops.kernel_available():
         pytest.skip(f"BN kernels unavailable: {bn_ops.kernel_error()}")
-    path = bn_ops._kernel_state["lib"]["path"]
+    library = bn_ops.kernel_library()
+    path = library["path"]
     assert path.startswith(bn_ops.kernel_cache_root())
-    _, _, _, build_dir = bn_ops._build_spec(bn_ops._kernel_state["lib"]["cuda"])
-    assert path.startswith(build_dir)
+    spec = bn_ops.kernel_build_spec(library["cuda"])
+    assert path.startswith(spec.build_dir)
+    # the sources live inside the installed package, and the key changes with them
+    assert all(p.startswith(bn_ops.kernel_source_dir()) for p in spec.sources + spec.headers)
+    assert os.path.dirname(bn_ops.kernel_source_dir()) == os.path.dirname(os.path.abspath(basebn.__file__))

@@ -144,6 +144,7 @@ def test_bad_values_name_key_and_rule(tmp_path, override, key, expected):
 
 
 @pytest.mark.parametrize("override", ["save_every_n_epoch=inf", "eval_every_n_epoch=inf", "bn.precise_every_n_epoch=-1",
+                                      "bn.precise_every_n_epoch=1", "bn.precise_every_n_epoch=2",
                                       "solver.warmup_epochs=0.25", "data.name=Fashion-MNIST", "model.norm=GN"])
 def test_documented_special_values_are_accepted(tmp_path, override):
     load_config(write(tmp_path, GOOD), [override])

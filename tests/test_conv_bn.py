@@ -16,6 +16,10 @@ from megengine.autodiff import GradManager
 
 from basebn.layers import (
     FrozenBatchNorm2d,
+    SyncBatchNorm,
+    convert_frozen_batchnorm,
+    convert_sync_batchnorm,
+    convert_to_batchnorm,
     disable_efficient_conv_bn_eval,
     efficient_conv_bn_pairs,
     enable_efficient_conv_bn_eval,
@@ -24,7 +28,9 @@ from basebn.layers import (
     fuse_conv_bn,
 )
 from basebn.layers.conv import Conv2d as FastConv2d
-from basebn.layers.graph import is_batchnorm2d
+from basebn.layers.conv import fast_cpu_weight_grad
+from basebn.layers.norm import is_bn2d
+from basebn.models import resnet20
 
 TOL = 1e-5
 
@@ -41,7 +47,7 @@ def randomize(model, seed=0):
     """Non-trivial BN statistics and affine (fresh BNs are the identity-ish mean 0 / var 1)."""
     rng = np.random.default_rng(seed)
     for m in model.modules():
-        if is_batchnorm2d(m):
+        if is_bn2d(m):
             c = m.num_features
             vals = {
                 "weight": rng.uniform(0.5, 1.5, (1, c, 1, 1)),
@@ -181,8 +187,6 @@ def test_efficient_eval_equals_plain(conv_cls, bias, groups, dilation, stride, p
 @pytest.mark.parametrize("attach", [("bn.weight", "bn.bias"), ("conv.weight",), ("x",)])
 def test_partial_gradients(fast, attach):
     """Only some of x / W / gamma, beta tracked (frozen layers, first layer); both backward paths."""
-    from basebn.layers.conv import fast_cpu_weight_grad
-
     net = randomize(ConvBN(make_conv(FastConv2d, True, 2, 1, 2, 1), M.BatchNorm2d(6)))
     net.eval()
     ref = copy.deepcopy(net)
@@ -301,14 +305,12 @@ def test_shared_modules_left_alone():
 
 
 def test_resnet20_all_pairs_values_and_grads():
-    from basebn.models import resnet20
-
     net = randomize(resnet20(num_classes=5))
     net.eval()
     ref = copy.deepcopy(net)
     x = np.random.default_rng(3).standard_normal((2, 3, 8, 8)).astype(np.float32)
     pairs = enable_efficient_conv_bn_eval(net)  # example input inferred from the first conv
-    n_bn = sum(is_batchnorm2d(m) for m in net.modules())
+    n_bn = sum(is_bn2d(m) for m in net.modules())
     assert len(pairs) == n_bn == 21
     assert_same_run(forward_backward(net, x), reference_run(ref, x))
 
@@ -375,13 +377,11 @@ def test_explicit_and_declared_pairs():
 # ---------------------------------------------------------------- deploy fusion
 
 def test_fuse_conv_bn_resnet20():
-    from basebn.models import resnet20
-
     net = randomize(resnet20(num_classes=5))
     net.train()
     fused = fuse_conv_bn(net, example_input=np.zeros((1, 3, 8, 8), np.float32))
-    assert not any(is_batchnorm2d(m) for m in fused.modules())
-    assert net.training and any(is_batchnorm2d(m) for m in net.modules())  # the original is untouched
+    assert not any(is_bn2d(m) for m in fused.modules())
+    assert net.training and any(is_bn2d(m) for m in net.modules())  # the original is untouched
     net.eval()
     x = mge.tensor(np.random.default_rng(4).standard_normal((2, 3, 8, 8)).astype(np.float32))
     close(fused(x).numpy(), net(x).numpy())
@@ -402,7 +402,7 @@ def test_fuse_conv_bn_configs_and_frozen(bias, groups, dilation, stride, padding
 def test_frozen_bn_equals_eval_bn_and_numpy():
     bn = randomize(M.Sequential(M.BatchNorm2d(4)))[0]
     bn.eval()
-    frozen = FrozenBatchNorm2d.convert_frozen_batchnorm(bn)
+    frozen = convert_frozen_batchnorm(bn)
     assert isinstance(frozen, FrozenBatchNorm2d)
     frozen.train()  # training mode changes nothing
     g, beta, mu, var = (getattr(bn, k).numpy() for k in ("weight", "bias", "running_mean", "running_var"))
@@ -433,8 +433,6 @@ def test_frozen_bn_state_dict_both_ways():
         np.testing.assert_array_equal(state(frozen)[k], sd[k])
         np.testing.assert_array_equal(state(back)[k], sd[k])
     # whole models: a BN checkpoint loads into the frozen model and back
-    from basebn.models import resnet20
-
     plain, frozen_net = randomize(resnet20(num_classes=5), seed=7), resnet20(num_classes=5, norm="FrozenBN")
     frozen_net.load_state_dict(plain.state_dict())
     again = resnet20(num_classes=5)
@@ -445,21 +443,19 @@ def test_frozen_bn_state_dict_both_ways():
 
 
 def test_convert_frozen_batchnorm_recursive_and_back():
-    from basebn.models import resnet20
-
     net = randomize(resnet20(num_classes=5))
     net.eval()
     ref = copy.deepcopy(net)
     x = mge.tensor(np.random.default_rng(5).standard_normal((2, 3, 8, 8)).astype(np.float32))
-    out = FrozenBatchNorm2d.convert_frozen_batchnorm(net)
-    bns = [m for m in out.modules() if is_batchnorm2d(m)]
+    out = convert_frozen_batchnorm(net)
+    bns = [m for m in out.modules() if is_bn2d(m)]
     assert bns and all(isinstance(m, FrozenBatchNorm2d) for m in bns)
     assert list(state(out)) == list(state(ref))
     n_params = len(list(ref.parameters()))
     assert len(list(out.parameters())) == n_params - 2 * len(bns)
     close(out(x).numpy(), ref(x).numpy())
-    back = FrozenBatchNorm2d.convert_to_batchnorm(out)
-    assert all(type(m) is M.BatchNorm2d for m in back.modules() if is_batchnorm2d(m))
+    back = convert_to_batchnorm(out)
+    assert all(type(m) is M.BatchNorm2d for m in back.modules() if is_bn2d(m))
     assert len(list(back.parameters())) == n_params
     close(back(x).numpy(), ref(x).numpy())
 
@@ -482,14 +478,13 @@ def test_freezing_keeps_efficient_pairs_linked():
     net.eval()
     ref = copy.deepcopy(net)
     enable_efficient_conv_bn_eval(net, example_input=X)
-    FrozenBatchNorm2d.convert_frozen_batchnorm(net)
+    convert_frozen_batchnorm(net)
     assert isinstance(net.bn, FrozenBatchNorm2d) and efficient_conv_bn_pairs(net) == [("conv", "bn")]
     close(net(mge.tensor(X)).numpy(), ref(mge.tensor(X)).numpy())
 
 
 def test_sync_bn_pair():
-    sync_bn = pytest.importorskip("basebn.layers.sync_bn")
-    net = randomize(ConvBN(make_conv(FastConv2d, False, 1, 1, 1, 1), sync_bn.SyncBatchNorm(6)))
+    net = randomize(ConvBN(make_conv(FastConv2d, False, 1, 1, 1, 1), SyncBatchNorm(6)))
     net.eval()
     ref = copy.deepcopy(net)
     assert enable_efficient_conv_bn_eval(net, example_input=X) == [("conv", "bn")]
@@ -510,9 +505,8 @@ def test_replacing_a_switched_module_stays_correct():
     net.conv = copy.deepcopy(ref.conv)
     close(net(x).numpy(), ref(x).numpy())
     enable_efficient_conv_bn_eval(net, example_input=X)
-    object.__setattr__(net.bn, "forward", lambda inp: M.BatchNorm2d.forward(net.bn, inp))  # as precise BN does
+    object.__setattr__(net.bn, "forward", lambda inp: M.BatchNorm2d.forward(net.bn, inp))  # another instance forward
     close(net(x).numpy(), ref(x).numpy())
-    sync_bn = pytest.importorskip("basebn.layers.sync_bn")
     enable_efficient_conv_bn_eval(net, example_input=X)
-    net = sync_bn.convert_sync_batchnorm(net)
+    net = convert_sync_batchnorm(net)
     close(net(x).numpy(), ref(x).numpy())

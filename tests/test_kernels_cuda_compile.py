@@ -1,4 +1,4 @@
-"""Compile-only check of the CUDA BN kernels (kernels/bn_cuda.cu) for sm_70 / sm_80 / sm_90.
+"""Compile-only check of the CUDA BN kernels (basebn/kernels/bn_cuda.cu) for sm_70 / sm_80 / sm_90.
 
 No GPU is needed: nvcc compiles each architecture to a real object (PTX + SASS through ptxas),
 then the CUDA registration (bn_ops.cpp with -DBASEBN_WITH_CUDA) is compiled and everything is
@@ -17,7 +17,9 @@ import pytest
 from basebn.layers import bn_ops
 
 NVCC = shutil.which("nvcc")
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: CUDA compile check skipped")
+KERNEL_DIR = bn_ops.kernel_source_dir()
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: CUDA compile check skipped")]
 
 REQUESTED_ARCHS = ("70", "80", "90")
 
@@ -56,9 +58,9 @@ def _compile_cu(arch, outdir):
     if os.path.exists(obj):
         return obj
     cmd = [
-        NVCC, "-c", os.path.join(bn_ops.KERNEL_DIR, "bn_cuda.cu"), "-o", obj,
+        NVCC, "-c", os.path.join(KERNEL_DIR, "bn_cuda.cu"), "-o", obj,
         "-std=c++14", "-O3", "-DBASEBN_WITH_CUDA", f"-D_GLIBCXX_USE_CXX11_ABI={_abi()}",
-        "-I", bn_ops.KERNEL_DIR, "-isystem", inc,
+        "-I", KERNEL_DIR, "-isystem", inc,
         f"-gencode=arch=compute_{arch},code=sm_{arch}",
         "--compiler-options", "-fPIC", "-Werror", "all-warnings",
     ]
@@ -96,9 +98,9 @@ def test_cuda_registration_compiles_and_links(outdir):
     for src in ("bn_ops.cpp", "bn_cpu.cpp"):
         obj = os.path.join(str(outdir), src + ".cuda.o")
         cmd = [
-            cxx, "-c", os.path.join(bn_ops.KERNEL_DIR, src), "-o", obj, "-std=c++14", "-O1",
+            cxx, "-c", os.path.join(KERNEL_DIR, src), "-o", obj, "-std=c++14", "-O1",
             "-fPIC", "-fopenmp-simd", "-DBASEBN_WITH_CUDA", f"-D_GLIBCXX_USE_CXX11_ABI={_abi()}",
-            "-I", bn_ops.KERNEL_DIR, "-isystem", inc, "-Wall", "-Werror",
+            "-I", KERNEL_DIR, "-isystem", inc, "-Wall", "-Werror",
         ]
         res = subprocess.run(cmd, capture_output=True, text=True)
         assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout}\n{res.stderr}"
@@ -128,17 +130,16 @@ def test_megengine_cuda_build(tmp_path, monkeypatch):
         pytest.skip("ninja not found")
     monkeypatch.setattr(cot, "CUDA_ROOT_DIR", root)
     arch = "80" if 80 in _nvcc_archs() else str(_nvcc_archs()[0])
-    monkeypatch.setattr(bn_ops, "CUDA_ARCHS", (arch,))
-    sources, cflags, cuda_cflags, _ = bn_ops._build_spec(with_cuda=True)
-    assert any(s.endswith(".cu") for s in sources) and "-DBASEBN_WITH_CUDA" in cflags
-    assert f"-gencode=arch=compute_{arch},code=sm_{arch}" in cuda_cflags
+    spec = bn_ops.kernel_build_spec(with_cuda=True, cuda_archs=(arch,))
+    assert any(s.endswith(".cu") for s in spec.sources) and "-DBASEBN_WITH_CUDA" in spec.cflags
+    assert f"-gencode=arch=compute_{arch},code=sm_{arch}" in spec.cuda_cflags
     path = cot.build(
         "basebn_bn_cudacheck",
-        sources,
-        extra_cflags=list(cflags),
-        extra_cuda_cflags=list(cuda_cflags),
-        extra_ldflags=list(bn_ops._LDFLAGS) + ["-Wl,--no-undefined"],
-        extra_include_paths=[bn_ops.KERNEL_DIR],
+        spec.sources,
+        extra_cflags=list(spec.cflags),
+        extra_cuda_cflags=list(spec.cuda_cflags),
+        extra_ldflags=list(spec.ldflags) + ["-Wl,--no-undefined"],
+        extra_include_paths=list(spec.include_dirs),
         with_cuda=True,
         build_dir=str(tmp_path),
     )

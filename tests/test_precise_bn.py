@@ -13,7 +13,7 @@ from loguru import logger
 import megengine as mge
 import megengine.module as M
 
-from basebn.engine.precise_bn import (bn_layers_for_precise_bn, collect_bn_population_stats, rank_quota,
+from basebn.layers.precise_bn import (bn_layers_for_precise_bn, collect_bn_population_stats, rank_quota,
                                       update_bn_stats)
 from mpi_launch import mpi_skip_reason, run_mpi
 from mpi_precise_bn_worker import SCENARIOS, WEIGHT_NAMES, bn_state, build, random_weights
@@ -257,7 +257,7 @@ def test_a_failing_loader_leaves_the_model_as_it_was(weights):
     for k, v in bn_state(model).items():
         np.testing.assert_array_equal(v, before[k], err_msg=k)
     assert not any(m.training for m in model.modules())
-    assert "forward" not in model.bn2.__dict__  # the local forward was taken off again
+    assert "forward" not in model.bn2.__dict__ and not model.bn2.local_only  # local mode switched off again
     assert all(len(m._forward_pre_hooks) == 0 for m in model.modules())
 
 
@@ -282,7 +282,6 @@ def test_groupnorm_skipped_with_one_log_line(weights):
 
 
 def test_frozen_bn_untouched(weights):
-    pytest.importorskip("basebn.layers.frozen_bn")
     model = build(weights, bn2="FrozenBN")
     model.bn2.running_mean._reset(mge.tensor(np.full((1, 4, 1, 1), 0.25, np.float32)))
     frozen = {k: np.asarray(v).copy() for k, v in model.bn2.state_dict().items()}
@@ -318,7 +317,6 @@ def test_batchnorm1d_on_features():
 
 
 def test_syncbn_single_process_both_modes_equal_plain_bn(weights):
-    pytest.importorskip("basebn.layers.sync_bn")
     batches = make_batches([4, 3, 5])
     plain = build(weights)
     update_bn_stats(plain, batches, 100)
@@ -328,7 +326,7 @@ def test_syncbn_single_process_both_modes_equal_plain_bn(weights):
         assert summary["sync_bn"] == ("local" if mode == "auto" else mode)  # auto: one process -> local
         for k, v in bn_state(model).items():
             np.testing.assert_allclose(v, bn_state(plain)[k], rtol=1e-5, atol=1e-6, err_msg=f"{mode}: {k}")
-        assert "forward" not in model.bn1.__dict__
+        assert "forward" not in model.bn1.__dict__ and not model.bn1.local_only
 
 
 def test_rank_quota_adds_up():
@@ -343,6 +341,7 @@ def _concat(*arrays):
     return np.concatenate(arrays, axis=0)
 
 
+@pytest.mark.mpi
 @pytest.mark.skipif(mpi_skip_reason() is not None, reason=str(mpi_skip_reason()))
 def test_two_ranks_match_single_process(tmp_path, weights):
     rng_sizes = {

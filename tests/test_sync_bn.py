@@ -16,7 +16,8 @@ from megengine.autodiff import GradManager
 
 import basebn.distributed as dist
 from basebn.layers import bn_ops
-from basebn.layers.sync_bn import SyncBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
+from basebn.layers.convert import convert_sync_batchnorm, revert_sync_batchnorm
+from basebn.layers.sync_bn import SyncBatchNorm
 from mpi_launch import mpi_skip_reason, run_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -54,7 +55,7 @@ def close(a, b, tol=2e-5):
 def _backends():
     out = [pytest.param("fallback")]
     out.append(pytest.param("kernel", marks=pytest.mark.skipif(
-        "not __import__('basebn.layers.bn_ops', fromlist=['x']).kernel_available()",
+        "not bn_ops.kernel_available()",
         reason="bn_ops kernels unavailable here")))
     return out
 
@@ -354,6 +355,7 @@ def _mpi_case(tmp_path, sizes, seed):
     return data
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("sizes", [[1, 4], [0, 5], [3, 0, 2]], ids=lambda s: "-".join(map(str, s)))
 def test_mpi_matches_single_process(tmp_path, sizes):
     reason = mpi_skip_reason()

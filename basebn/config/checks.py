@@ -84,7 +84,7 @@ def numbers_list(item_rule, length=None):
 
 def every_n_epochs(v):
     """inf = never, -1 = after the last epoch only, else a positive whole number of epochs."""
-    if _is_real(v) and (v == math.inf or v == -1 or (_is_int(v) and v >= 1)):
+    if _is_real(v) and (v == math.inf or v == -1 or (v >= 1 and float(v).is_integer())):
         return None
     return "an integer >= 1, -1 (after the last epoch only) or inf (off)"
 

@@ -219,10 +219,6 @@ class ModelEMA:
         self._holder = "module"  # the caller may change it: the next update re-reads it
         return self._module
 
-    def sync(self):
-        """Write the averaged values into ``module``'s tensors now (``module`` does this by itself)."""
-        return self.module
-
     def state_dict(self):
         """``{"module": {name: numpy array}, "momentum": float, "updates": int}``."""
         self._write_module()  # reading only: the flat buffer stays the holder

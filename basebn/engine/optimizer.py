@@ -1,30 +1,18 @@
 """Optimizer with weight decay optionally excluded from norm-layer parameters and biases."""
-import megengine.module as M
 import megengine.optimizer as optim
 
-__all__ = ["param_groups", "build_optimizer", "NORM_TYPES"]
+from ..layers.norm import is_norm
 
-
-def _norm_types():
-    types = [M.BatchNorm1d, M.BatchNorm2d, M.GroupNorm, M.InstanceNorm, M.LayerNorm]
-    try:
-        from ..layers.sync_bn import SyncBatchNorm
-
-        types.append(SyncBatchNorm)
-    except ImportError:
-        pass
-    return tuple(types)
-
-
-NORM_TYPES = _norm_types()
+__all__ = ["param_groups", "build_optimizer"]
 
 
 def param_groups(model, weight_decay, exclude_norm_bias=True):
-    """[{'params': decayed, 'weight_decay': wd}, {'params': others, 'weight_decay': 0}]"""
+    """[{'params': decayed, 'weight_decay': wd}, {'params': others, 'weight_decay': 0}]; with
+    ``exclude_norm_bias``, norm-layer parameters (:func:`basebn.layers.norm.is_norm`) and biases are the others."""
     no_decay_ids = set()
     if exclude_norm_bias:
         for _, module in model.named_modules():
-            if isinstance(module, NORM_TYPES):
+            if is_norm(module):
                 no_decay_ids.update(id(p) for p in module.parameters(recursive=False))
         for name, p in model.named_parameters():
             if name.endswith("bias"):
@@ -37,6 +25,7 @@ def param_groups(model, weight_decay, exclude_norm_bias=True):
 
 
 def build_optimizer(model, solver, lr):
+    """SGD or AdamW (``solver.optimizer``) over :func:`param_groups` of ``model``."""
     groups = param_groups(model, solver.weight_decay, solver.weight_decay_exclude_norm_bias)
     if solver.optimizer == "sgd":
         return optim.SGD(groups, lr=lr, momentum=solver.momentum, nesterov=solver.nesterov)

@@ -1,80 +1,24 @@
-"""Find Conv2d -> BatchNorm pairs whose conv output feeds only that BN, from a traced dataflow graph.
+"""Find Conv2d -> BN pairs whose conv output feeds only that BN, from a traced dataflow graph.
 
-`find_conv_bn_pairs(model, example_input)` builds a `megengine.traced_module.TracedModule` of the
-model (`trace_module`), flattens it to one graph and, for every call of a Conv2d, checks the users
-of the node it produced: the pair qualifies when that node has exactly one user, a call of a
-BatchNorm-like module with the node as its only input, and is not a graph output. traced_module
-records every use of a tensor, functional ops and tensor methods included (F.relu, `a + b`,
-`x.mean()` ...), so a conv whose output also feeds a residual add or a second branch is seen.
-Modules are named by their attribute path in `model` (`layer1.0.conv1`), the same names as
-`model.named_modules()`.
-
-Conv2d subclasses (basebn's fast-gradient Conv2d) and BN-like modules (SyncBatchNorm,
-FrozenBatchNorm2d) are traced as opaque leaves: they are registered as builtin for the duration of
-the trace only. The trace runs the model once in eval mode on `example_input`; training flags and
-all buffers are restored afterwards, so it has no side effect on running statistics.
+The model is traced once in eval mode (``megengine.traced_module``) with conv and BN classes as
+opaque leaves; a pair qualifies when the conv's output node has exactly one user, a call of a BN
+with that node as its only input, and is not a graph output. Flags and buffers are restored after.
 """
 import numpy as np
 
 import megengine as mge
-import megengine.module as M
+from megengine.traced_module import trace_module
+from megengine.traced_module.expr import CallMethod, GetAttr
+from megengine.traced_module.module_tracer import module_tracer
+from megengine.traced_module.node import ModuleNode
 
-__all__ = ["find_conv_bn_pairs", "is_conv2d", "is_batchnorm2d", "resolve_module", "set_module", "example_input_for"]
+from .conv import fast_cpu_weight_grad, is_conv2d
+from .module_tree import find_module
+from .norm import is_bn2d
+
+__all__ = ["find_conv_bn_pairs", "example_input_for"]
 
 _CALL_METHODS = ("__call__", "forward")
-
-
-def is_conv2d(m):
-    """A plain (float) 2-D convolution module: megengine.module.Conv2d or a subclass, not QAT/quantized."""
-    if not isinstance(m, M.Conv2d):
-        return False
-    from megengine.module.qat import QATModule
-
-    return not isinstance(m, QATModule)
-
-
-def is_batchnorm2d(m):
-    """BatchNorm2d, basebn's SyncBatchNorm / FrozenBatchNorm2d, or any module with BN's attribute names."""
-    from .frozen_bn import FrozenBatchNorm2d
-
-    if isinstance(m, FrozenBatchNorm2d):
-        return True
-    if isinstance(m, M.BatchNorm1d):
-        return False
-    if isinstance(m, M.BatchNorm2d):
-        return True
-    if not isinstance(m, M.Module) or "batchnorm" not in type(m).__name__.lower():
-        return False
-    return all(hasattr(m, a) for a in ("weight", "bias", "running_mean", "running_var", "eps", "num_features"))
-
-
-def resolve_module(model, path):
-    """The object at dotted attribute path `path` of `model` ('' is the model); list/dict items by key."""
-    obj = model
-    if not path:
-        return obj
-    for part in path.split("."):
-        if isinstance(obj, (list, tuple)):
-            obj = obj[int(part)]
-        elif isinstance(obj, dict):
-            obj = obj[part]
-        else:
-            obj = getattr(obj, part)
-    return obj
-
-
-def set_module(model, path, new):
-    """Replace the module at dotted path `path` of `model` by `new` (attributes, list items, dict values)."""
-    parent_path, _, last = path.rpartition(".")
-    parent = resolve_module(model, parent_path)
-    if isinstance(parent, list):
-        parent[int(last)] = new
-    elif isinstance(parent, dict):
-        parent[last] = new
-    elif isinstance(parent, tuple):
-        raise TypeError(f"cannot replace {path!r}: it lives in a tuple")
-    else:
-        setattr(parent, last, new)
 
 
 def example_input_for(model, example_input=None, sizes=(32, 64, 224)):
@@ -104,8 +48,6 @@ def _as_tensor(x):
 
 def _node_path(node, top):
     """Attribute path of a ModuleNode from the graph input `top`, following its GetAttr chain."""
-    from megengine.traced_module.expr import GetAttr
-
     parts = []
     while node is not top:
         expr = node.expr
@@ -117,13 +59,9 @@ def _node_path(node, top):
 
 
 def _trace(model, inp):
-    from megengine.traced_module import trace_module
-    from megengine.traced_module.module_tracer import module_tracer
-
-    leaf_types = {type(m) for m in model.modules() if is_conv2d(m) or is_batchnorm2d(m)}
+    """``trace_module(model, inp)`` in eval mode with convs and BNs as leaves; the model is restored after."""
+    leaf_types = {type(m) for m in model.modules() if is_conv2d(m) or is_bn2d(m)}
     added = [t for t in leaf_types if t not in module_tracer._opaque_types]
-    from .conv import fast_cpu_weight_grad
-
     fast = fast_cpu_weight_grad()
     flags = [(m, m.training) for m in model.modules()]
     saved = [(t, t.numpy().copy()) for t in model.buffers()]  # restored below, should any change
@@ -145,51 +83,49 @@ def _trace(model, inp):
                 t._reset(type(t)(v, dtype=t.dtype, device=t.device))
 
 
-def _pairs_from_graph(model, traced):
-    from megengine.traced_module.expr import CallMethod
-    from megengine.traced_module.node import ModuleNode
-
-    graph = traced.flatten().graph
-    top = graph.inputs[0]
-    outputs = {id(n) for n in graph.outputs}
-    calls = {}  # path -> list of CallMethod exprs
+def _module_calls(graph, top):
+    """{module path: [CallMethod exprs]} of every method called on a submodule (all uses count)."""
+    calls = {}
     for expr in graph.exprs():
-        if isinstance(expr, CallMethod) and isinstance(expr.inputs[0], ModuleNode):  # any method: all uses count
+        if isinstance(expr, CallMethod) and isinstance(expr.inputs[0], ModuleNode):
             path = _node_path(expr.inputs[0], top)
             if path is not None:
                 calls.setdefault(path, []).append(expr)
+    return calls
+
+
+def _sole_bn_user(conv_expr, outputs, top):
+    """Path of the module whose forward is the only user of the conv's output (None otherwise)."""
+    if conv_expr.method not in _CALL_METHODS or len(conv_expr.outputs) != 1:
+        return None
+    out = conv_expr.outputs[0]
+    if id(out) in outputs or len(out.users) != 1:
+        return None
+    user = out.users[0]
+    if not (isinstance(user, CallMethod) and isinstance(user.inputs[0], ModuleNode)
+            and user.method in _CALL_METHODS):
+        return None
+    if len(user.inputs) != 2 or user.inputs[1] is not out:
+        return None
+    return _node_path(user.inputs[0], top)
+
+
+def _pairs_from_graph(model, traced):
+    graph = traced.flatten().graph
+    top = graph.inputs[0]
+    outputs = {id(n) for n in graph.outputs}
+    calls = _module_calls(graph, top)
     pairs = []
     for conv_path, conv_calls in calls.items():
-        if len(conv_calls) != 1:
+        conv = find_module(model, conv_path)
+        if len(conv_calls) != 1 or not is_conv2d(conv):
             continue
-        try:
-            conv = resolve_module(model, conv_path)
-        except (AttributeError, IndexError, KeyError, ValueError):
-            continue
-        if not is_conv2d(conv):
-            continue
-        expr = conv_calls[0]
-        if expr.method not in _CALL_METHODS or len(expr.outputs) != 1:
-            continue
-        out = expr.outputs[0]
-        if id(out) in outputs or len(out.users) != 1:
-            continue
-        user = out.users[0]
-        if not (isinstance(user, CallMethod) and isinstance(user.inputs[0], ModuleNode)
-                and user.method in _CALL_METHODS):
-            continue
-        if len(user.inputs) != 2 or user.inputs[1] is not out:
-            continue
-        bn_path = _node_path(user.inputs[0], top)
+        bn_path = _sole_bn_user(conv_calls[0], outputs, top)
         if bn_path is None or len(calls.get(bn_path, ())) != 1:  # the BN called (or used) once only
             continue
-        try:
-            bn = resolve_module(model, bn_path)
-        except (AttributeError, IndexError, KeyError, ValueError):
-            continue
-        if not is_batchnorm2d(bn) or getattr(bn, "num_features", None) != conv.out_channels:
-            continue
-        pairs.append((conv_path, bn_path))
+        bn = find_module(model, bn_path)
+        if is_bn2d(bn) and getattr(bn, "num_features", None) == conv.out_channels:
+            pairs.append((conv_path, bn_path))
     return pairs
 
 
@@ -213,4 +149,3 @@ def find_conv_bn_pairs(model, example_input=None):
         return _pairs_from_graph(model, traced)
     raise RuntimeError("could not trace the model to find conv-BN pairs (pass example_input= or pairs=):\n  "
                        + "\n  ".join(errors))
-

@@ -1,7 +1,75 @@
-"""Build the normalisation layer a config names (model.norm)."""
+"""What a normalisation layer is: the BN / norm predicates every other module uses, and build_norm.
+
+A BN layer is any subclass of MegEngine's ``_BatchNorm``: BatchNorm1d/2d, MegEngine's and
+basebn's SyncBatchNorm, FrozenBatchNorm2d.
+"""
 import megengine.module as M
+from megengine.module.batchnorm import _BatchNorm
+
+from .frozen_bn import FrozenBatchNorm2d
+from .sync_bn import SyncBatchNorm
+
+__all__ = [
+    "NORM_KINDS",
+    "OTHER_NORM_TYPES",
+    "build_norm",
+    "is_bn",
+    "is_bn2d",
+    "is_sync_bn",
+    "is_frozen_bn",
+    "is_norm",
+    "has_running_stats",
+    "uses_running_stats",
+    "bn_layers",
+]
 
 NORM_KINDS = ("BN", "SyncBN", "FrozenBN", "GN")
+OTHER_NORM_TYPES = (M.GroupNorm, M.InstanceNorm, M.LayerNorm)  # no running statistics
+
+
+def is_bn(m):
+    """A BatchNorm layer of any kind (BatchNorm1d/2d, SyncBatchNorm, FrozenBatchNorm2d)."""
+    return isinstance(m, _BatchNorm)
+
+
+def is_bn2d(m):
+    """A BN layer that can follow a Conv2d (every BN kind but BatchNorm1d)."""
+    return is_bn(m) and not isinstance(m, M.BatchNorm1d)
+
+
+def is_sync_bn(m):
+    """basebn's or MegEngine's SyncBatchNorm."""
+    return isinstance(m, (SyncBatchNorm, M.SyncBatchNorm))
+
+
+def is_frozen_bn(m):
+    """A FrozenBatchNorm2d (fixed statistics and affine)."""
+    return isinstance(m, FrozenBatchNorm2d)
+
+
+def is_norm(m):
+    """Any normalisation layer: a BN layer, GroupNorm, InstanceNorm or LayerNorm."""
+    return is_bn(m) or isinstance(m, OTHER_NORM_TYPES)
+
+
+def has_running_stats(bn):
+    """``bn`` holds running statistics and is set to track them."""
+    return (getattr(bn, "running_mean", None) is not None and getattr(bn, "running_var", None) is not None
+            and bool(getattr(bn, "track_running_stats", True)))
+
+
+def uses_running_stats(bn):
+    """``bn``'s forward normalises with its running statistics now (eval mode, ``freeze``, FrozenBN)."""
+    if is_frozen_bn(bn):
+        return True
+    if not has_running_stats(bn):
+        return False
+    return (not bn.training) or bool(getattr(bn, "freeze", False))
+
+
+def bn_layers(model):
+    """``[(name, module)]`` of every BN layer of ``model``, in ``named_modules`` order."""
+    return [(name, m) for name, m in model.named_modules() if is_bn(m)]
 
 
 def build_norm(kind, num_features, momentum=0.9, eps=1e-5, gn_groups=32):
@@ -9,12 +77,8 @@ def build_norm(kind, num_features, momentum=0.9, eps=1e-5, gn_groups=32):
     if kind == "BN":
         return M.BatchNorm2d(num_features, eps=eps, momentum=momentum)
     if kind == "SyncBN":
-        from .sync_bn import SyncBatchNorm
-
         return SyncBatchNorm(num_features, eps=eps, momentum=momentum)
     if kind == "FrozenBN":
-        from .frozen_bn import FrozenBatchNorm2d
-
         return FrozenBatchNorm2d(num_features, eps=eps)
     if kind == "GN":
         groups = min(gn_groups, num_features)

@@ -4,8 +4,6 @@
 //   BasebnBnNormalize      (x, mean, invstd, weight, bias)            -> (y)
 //   BasebnBnBackwardReduce (dy, x, mean, invstd)                      -> (sum_dy, sum_dy_xhat)
 //   BasebnBnBackwardElemt  (dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat) -> (dx)
-//   BasebnCopy             (src)                                      -> (dst)  [bandwidth probe,
-//                                                                        copies `reps` times]
 //
 // Optional inputs (weight, bias) always occupy their slot; params has_weight / has_bias say
 // whether the slot holds real data (the Python side passes a placeholder otherwise).
@@ -75,9 +73,6 @@ void like_input0_dtype(
                 in[0], in[1], in[2], in[3], p["has_weight"].as<bool>() ? &in[4] : nullptr, \
                 in[5], in[6], p["count"].as<double>(), out[0],                            \
                 p["force_strided"].as<bool>());                                           \
-    }                                                                                     \
-    void NS##_copy(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) { \
-        basebn::NS::copy_bandwidth(in[0], out[0], p["reps"].as<int32_t>());               \
     }
 
 BASEBN_COMPUTES(cpu)
@@ -155,16 +150,5 @@ CUSTOM_OP_REG(BasebnBnBackwardElemt)
         .set_shape_infer(like_input0_shape)
         .set_dtype_infer(like_input0_dtype)
         .set_compute("x86", cpu_backward_elemt) BASEBN_CUDA_COMPUTE(backward_elemt);
-
-CUSTOM_OP_REG(BasebnCopy)
-        .set_description("basebn: multi-threaded float32 copy, `reps` times (bandwidth probe)")
-        .add_input("src", {"float32"})
-        .add_output("dst", {"float32"})
-        .add_param("reps", int32_t(1))
-        .set_device_infer(same_device)
-        .set_format_infer(same_format)
-        .set_shape_infer(like_input0_shape)
-        .set_dtype_infer(like_input0_dtype)
-        .set_compute("x86", cpu_copy) BASEBN_CUDA_COMPUTE(copy);
 
 CUSTOM_OP_REG_END(BasebnBN)

@@ -38,8 +38,7 @@ inline Dims dims_of(const custom::Tensor& t) {
             const custom::Tensor& mean, const custom::Tensor& invstd,                 \
             const custom::Tensor* weight, const custom::Tensor& sum_dy,               \
             const custom::Tensor& sum_dy_xhat, double count, custom::Tensor& dx,      \
-            bool force_strided);                                                      \
-    void copy_bandwidth(const custom::Tensor& src, custom::Tensor& dst, int reps);
+            bool force_strided);
 
 namespace cpu {
 BASEBN_DECLARE_BN_KERNELS

@@ -347,14 +347,5 @@ void backward_elemt(
     check_launch("basebn backward_elemt_kernel");
 }
 
-void copy_bandwidth(const Tensor& src, Tensor& dst, int reps) {
-    auto stream = custom::get_cuda_stream(src.device());
-    for (int r = 0; r < (reps > 1 ? reps : 1); ++r)
-        cudaMemcpyAsync(
-                dst.data(), src.data(), src.size() * sizeof(float), cudaMemcpyDeviceToDevice,
-                stream);
-    check_launch("basebn copy");
-}
-
 }  // namespace cuda
 }  // namespace basebn

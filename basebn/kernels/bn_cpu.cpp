@@ -659,24 +659,5 @@ void backward_elemt(
         go(float());
 }
 
-// Multi-threaded streaming copy, `reps` times: the memory-bandwidth yardstick of the benchmark
-// (timing reps = 1 and reps = k + 1 and differencing removes allocation and dispatch costs).
-void copy_bandwidth(const Tensor& src, Tensor& dst, int reps) {
-    wait_for_queued_work();
-    const size_t bytes = src.size() * sizeof(float);
-    const char* s = static_cast<const char*>(src.data());
-    char* o = static_cast<char*>(dst.data());
-    const int64_t nchunks = static_cast<int64_t>((bytes + 65535) / 65536);
-    const int nt = plan_threads(nchunks, static_cast<int64_t>(src.size()));
-    run_parallel(nt, nt, [&](int64_t b, int64_t e, int) {
-        // thread t always copies the same byte range: no cross-thread dependencies between reps
-        const size_t lo = std::min(bytes, static_cast<size_t>(nchunks * b / nt) * 65536);
-        const size_t hi = std::min(bytes, static_cast<size_t>(nchunks * e / nt) * 65536);
-        for (int r = 0; r < std::max(reps, 1); ++r)
-            if (hi > lo)
-                std::memcpy(o + lo, s + lo, hi - lo);
-    });
-}
-
 }  // namespace cpu
 }  // namespace basebn

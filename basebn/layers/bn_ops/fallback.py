@@ -1,0 +1,73 @@
+"""The BN ops in pure ``megengine.functional``: float32 accumulation, two-pass statistics.
+
+Same signatures and numerics as the kernels; inputs are already checked by the dispatcher.
+"""
+import numpy as np
+
+import megengine.functional as F
+
+__all__ = ["stats", "normalize", "backward_reduce", "backward_elemt"]
+
+
+def _bshape(x):
+    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
+
+
+def _spatial(x):
+    s = 1
+    for v in x.shape[2:]:
+        s *= int(v)
+    return s
+
+
+def _as_float32(t):
+    return t if t.dtype == np.float32 else t.astype("float32")
+
+
+def stats(x):
+    """Per-channel ``(mean, m2)``, two-pass."""
+    n, c, s = x.shape[0], x.shape[1], _spatial(x)
+    cnt = n * s
+    if cnt == 0:  # (reshape with -1 on an empty tensor crashes MegEngine 1.13)
+        return F.zeros((c,), dtype="float32"), F.zeros((c,), dtype="float32")
+    x3 = _as_float32(x.reshape(n, c, s))
+    mean = F.sum(x3, axis=(0, 2)) / cnt
+    d = x3 - mean.reshape(1, c, 1)
+    m2 = F.sum(d * d, axis=(0, 2))
+    return mean, m2
+
+
+def normalize(x, mean, invstd, weight, bias):
+    """``(x - mean) * invstd * weight + bias`` in x's dtype."""
+    # (x - mean) * scale + bias, not x * scale + shift: no cancellation when |mean| >> std
+    scale = invstd if weight is None else invstd * weight
+    bs = _bshape(x)
+    y = (_as_float32(x) - mean.reshape(bs)) * scale.reshape(bs)
+    if bias is not None:
+        y = y + bias.reshape(bs)
+    return y if y.dtype == x.dtype else y.astype(x.dtype)
+
+
+def backward_reduce(dy, x, mean, invstd):
+    """Per-channel ``(sum(dy), sum(dy * xhat))``."""
+    n, c, s = x.shape[0], x.shape[1], _spatial(x)
+    if n * s == 0:
+        return F.zeros((c,), dtype="float32"), F.zeros((c,), dtype="float32")
+    x3 = _as_float32(x.reshape(n, c, s))
+    g3 = _as_float32(dy.reshape(n, c, s))
+    sum_dy = F.sum(g3, axis=(0, 2))
+    sum_dy_xc = F.sum(g3 * (x3 - mean.reshape(1, c, 1)), axis=(0, 2))
+    return sum_dy, sum_dy_xc * invstd
+
+
+def backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count):
+    """``dx = w * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count)`` in dy's dtype."""
+    # dx = a * (dy - mdy - (x - mean) * k), a = w * invstd, mdy = sum_dy / count,
+    # k = invstd * sum_dy_xhat / count
+    inv_cnt = 1.0 / float(count) if count else 0.0
+    a = invstd if weight is None else weight * invstd
+    mdy = sum_dy * inv_cnt
+    k = invstd * sum_dy_xhat * inv_cnt
+    bs = _bshape(x)
+    dx = (_as_float32(dy) - mdy.reshape(bs) - (_as_float32(x) - mean.reshape(bs)) * k.reshape(bs)) * a.reshape(bs)
+    return dx if dx.dtype == dy.dtype else dx.astype(dy.dtype)

@@ -1,0 +1,102 @@
+"""Model-wide BN conversions: to / from SyncBatchNorm and to / from FrozenBatchNorm2d.
+
+Each returns the converted model: ``model`` itself with its BN layers replaced in place, or the
+new layer when ``model`` is itself one. Values (and, for SyncBN, the very Parameter and buffer
+objects) are kept.
+"""
+import megengine.module as M
+
+from .conv_bn import disable_efficient_conv_bn_eval, enable_efficient_conv_bn_eval
+from .frozen_bn import FrozenBatchNorm2d
+from .module_tree import replace_modules
+from .norm import is_bn, is_bn2d, is_frozen_bn
+from .sync_bn import SyncBatchNorm
+
+__all__ = ["convert_sync_batchnorm", "revert_sync_batchnorm", "convert_frozen_batchnorm", "convert_to_batchnorm"]
+
+def _transfer(src, dst):
+    """Move ``src``'s tensors (the same Parameter/buffer objects, so an optimizer built on them
+    keeps working), flags, names and hooks onto ``dst``."""
+    if src.affine:
+        dst.weight, dst.bias = src.weight, src.bias
+    if src._track_running_stats_saved:
+        dst.running_mean, dst.running_var = src.running_mean, src.running_var
+    dst.track_running_stats = src.track_running_stats
+    dst.training = src.training
+    dst._name, dst._short_name = src._name, src._short_name
+    dst._forward_pre_hooks.update(src._forward_pre_hooks)
+    dst._forward_hooks.update(src._forward_hooks)
+    return dst
+
+
+def _to_sync(bn, group):
+    new = SyncBatchNorm(bn.num_features, eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
+                        track_running_stats=bn._track_running_stats_saved, group=group,
+                        freeze=getattr(bn, "freeze", False), name=bn.name)
+    # remember what to revert to (megengine's SyncBatchNorm reverts to a local BatchNorm2d)
+    new._revert_cls = M.BatchNorm1d if isinstance(bn, M.BatchNorm1d) else M.BatchNorm2d
+    return _transfer(bn, new)
+
+
+def _to_plain(bn):
+    cls = getattr(bn, "_revert_cls", M.BatchNorm2d)
+    momentum = 0.9 if bn.momentum is None else bn.momentum  # MegEngine BN has no cumulative mode
+    new = cls(bn.num_features, eps=bn.eps, momentum=momentum, affine=bn.affine,
+              track_running_stats=bn._track_running_stats_saved, freeze=bn.freeze, name=bn.name)
+    return _transfer(bn, new)
+
+
+def convert_sync_batchnorm(module, group=None):
+    """Replace every BN layer of ``module`` but FrozenBatchNorm2d (MegEngine's BatchNorm1d / BatchNorm2d /
+    SyncBatchNorm) by a :class:`SyncBatchNorm` holding the same weight/bias/running tensors, name,
+    eps, momentum, affine, freeze and train/eval flag.
+
+    Convert before building the optimizer (the Parameters are shared, so one built earlier keeps
+    working too).
+    """
+    def convert(m):
+        return _to_sync(m, group) if is_bn(m) and not (is_frozen_bn(m) or isinstance(m, SyncBatchNorm)) else None
+
+    return replace_modules(module, convert)
+
+
+def revert_sync_batchnorm(module):
+    """Replace every :class:`SyncBatchNorm` by a local MegEngine BN with the same tensors and
+    settings: the class it was converted from (BatchNorm1d or BatchNorm2d), BatchNorm2d for one
+    built directly or converted from megengine's SyncBatchNorm. ``momentum=None`` becomes 0.9
+    (MegEngine BN has no cumulative mode).
+    """
+    return replace_modules(module, lambda m: _to_plain(m) if isinstance(m, SyncBatchNorm) else None)
+
+
+def _keeping_efficient_pairs(module, convert):
+    """``replace_modules(module, convert)`` with efficient conv-BN pairs undone, then switched back on."""
+    new = convert(module)
+    if new is not None:  # module itself is converted: it holds no pairs
+        return new
+    pairs = disable_efficient_conv_bn_eval(module)
+    out = replace_modules(module, convert)
+    if pairs:
+        enable_efficient_conv_bn_eval(out, pairs=pairs)
+    return out
+
+
+def convert_frozen_batchnorm(module):
+    """Convert every BN layer that can follow a conv (BatchNorm2d, SyncBatchNorm) to :class:`FrozenBatchNorm2d`.
+
+    Values are kept; pairs switched by ``enable_efficient_conv_bn_eval`` stay switched (re-linked to
+    the new modules).
+    """
+    def convert(m):
+        return FrozenBatchNorm2d.from_batchnorm(m) if is_bn2d(m) and not is_frozen_bn(m) else None
+
+    return _keeping_efficient_pairs(module, convert)
+
+
+def convert_to_batchnorm(module, norm_cls=M.BatchNorm2d, **kwargs):
+    """Inverse of :func:`convert_frozen_batchnorm`: every FrozenBatchNorm2d becomes a trainable ``norm_cls``
+    (kwargs go to its constructor)."""
+    def convert(m):
+        return m.to_batchnorm(norm_cls, **kwargs) if is_frozen_bn(m) else None
+
+    return _keeping_efficient_pairs(module, convert)

@@ -1,0 +1,29 @@
+"""Test-only controls of basebn.layers.bn_ops: the two knobs tests need that users never do.
+
+This module is the one place that touches bn_ops' private state.
+"""
+import contextlib
+
+from basebn.layers.bn_ops import build, kernel
+
+
+@contextlib.contextmanager
+def forced_strided_kernels(enabled=True):
+    """Make the CPU kernels take their non-contiguous (gather) path on every input."""
+    prev = kernel._force_strided
+    kernel._force_strided = bool(enabled)
+    try:
+        yield
+    finally:
+        kernel._force_strided = prev
+
+
+@contextlib.contextmanager
+def failed_kernel_build(error):
+    """Pretend this process's kernel build failed with ``error`` (nothing is built or unloaded)."""
+    prev = build._state
+    build._state = build._LoadState(tried=True, error=error)
+    try:
+        yield
+    finally:
+        build._state = prev
