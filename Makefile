@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup quickstart test bench clean-venv
+.PHONY: setup quickstart test test-fast bench clean-venv
 
 $(STAMP): setup.py
 	@PY310=$$(scripts/find_python310.sh) || exit 1; \
@@ -19,6 +19,10 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# the inner loop: no mpiexec launches, no package installs, no long runs
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not mpi and not slow" tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -1,7 +1,7 @@
 """python -m basebn.test CONFIG.py -w WEIGHTS [--ema] [--json] [KEY=VALUE ...]
    python -m basebn.test zoo:NAME [--ema] [--json]
 
-WEIGHTS is a checkpoint file, a run directory (its final weights) or zoo:NAME.
+WEIGHTS is a checkpoint file (.npz, or a legacy .pkl), a run directory (its final weights) or zoo:NAME.
 """
 import argparse
 import json
@@ -11,11 +11,14 @@ import megengine as mge
 from loguru import logger
 
 from . import distributed as dist
-from .cli import user_errors_exit
+from .cli import cli_main
 from .config import ConfigError, load_config
-from .engine.build import build_data, build_model_from_cfg, example_input, load_weights
+from .engine.build import build_data, build_model_from_cfg, example_input, zoo_config
 from .engine.evaluate import evaluate
 from .engine.logging import setup_logging
+from .models import load_weights
+from .layers import enable_efficient_conv_bn_eval
+from .models.weights import zoo_name
 
 __all__ = ["test", "main"]
 
@@ -27,8 +30,6 @@ def test(cfg, weights, ema=False):
     model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
     load_weights(model, weights, ema=ema)
     if cfg.bn.efficient_conv_bn_eval:
-        from .layers import enable_efficient_conv_bn_eval
-
         enable_efficient_conv_bn_eval(model, example_input=mge.tensor(example_input(ds)))
     return evaluate(model, loader, desc="test")
 
@@ -43,14 +44,12 @@ def _parse(argv):
     return p.parse_intermixed_args(argv)
 
 
-@user_errors_exit
+@cli_main
 def main(argv=None):
     args = _parse(argv)
     setup_logging(None)
-    if args.config.startswith("zoo:"):
-        from .zoo import zoo_config
-
-        cfg, weights = zoo_config(args.config[4:], args.overrides), args.config
+    if zoo_name(args.config) is not None:
+        cfg, weights = zoo_config(zoo_name(args.config), args.overrides), args.config
     else:
         if not args.weights:
             raise ConfigError("no weights: pass -w CHECKPOINT|RUN_DIR|zoo:NAME")

@@ -1,30 +1,40 @@
-"""python -m basebn.train CONFIG.py [KEY=VALUE ...] [--resume] [--devices N]
+"""python -m basebn.train CONFIG.py [KEY=VALUE ...] [--resume | --restart] [--devices N]
 
-Multi-process: on GPUs `--devices N` starts N processes with MegEngine's launcher (NCCL);
-on CPU run `mpiexec -n N python -m basebn.train ...` (MPI).
+Multi-process: on GPUs `--devices N` starts N processes with MegEngine's launcher (NCCL), and
+`--num-machines M --machine-rank R --dist-url tcp://HOST:PORT` spreads them over M machines;
+on CPU run `mpiexec -n N python -m basebn.train ...` (MPI; `-f HOSTFILE` for several machines).
 """
 import argparse
 import json
-import math
 import os
 import random
 import sys
+import urllib.parse
 
 import numpy as np
 
 import megengine as mge
 from megengine.autodiff import GradManager
+from megengine.distributed import launcher
 from loguru import logger
 
 from . import distributed as dist
-from .cli import user_errors_exit
-from .config import config_diff, load_config
-from .engine.build import build_data, build_model_from_cfg, example_input, load_weights
-from .engine.checkpoint import LATEST, CheckpointError, atomic_write_bytes, load_checkpoint, load_model_state
-from .engine.hooks import default_hooks, truncate_metrics
+from .checkpoint import LATEST, CheckpointError, complete_run, find_checkpoint, load_latest
+from .cli import USER_ERRORS, cli_main
+from .config import ConfigError, config_diff, load_config
+from .data import DataError
+from .engine.build import build_data, build_model_from_cfg, example_input
+from .engine.ema import ModelEMA, pycls_momentum
+from .engine.hooks import default_hooks
 from .engine.logging import setup_logging
+from .engine.metrics_log import metrics_path, truncate_metrics
+from .engine.run_dir import open_run_dir
 from .engine.optimizer import build_optimizer
+from .engine.state import restore_training_state
 from .engine.trainer import ClsTrainer, NonFiniteLossError
+from .layers import enable_efficient_conv_bn_eval
+from .models import load_weights
+from .utils.fs import atomic_write_bytes, remove_stale_tmp
 
 __all__ = ["train", "main"]
 
@@ -48,11 +58,29 @@ def _save_config(cfg, run_dir):
                            json.dumps(config_diff(cfg), indent=2, default=str).encode())
 
 
-def train(cfg, resume=False):
-    """Train with resolved config `cfg`; returns the last evaluation's metrics dict."""
+def train(cfg, resume=False, restart=False):
+    """Train with resolved config `cfg`; returns the last evaluation's metrics dict.
+
+    Rank 0 locks cfg.output_dir for the whole run; a previous run there is refused unless resume
+    (continue it) or restart (move it aside).
+    """
     dist.init("auto")
     run_dir = cfg.output_dir
+    lock, moved_to = open_run_dir(run_dir, resume, restart) if dist.is_main_process() else (None, None)
+    try:
+        return _train_locked(cfg, run_dir, resume, moved_to)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_locked(cfg, run_dir, resume, moved_to):
     setup_logging(run_dir)
+    if moved_to:
+        logger.info(f"--restart: the previous run in {run_dir} was moved to {moved_to}")
+    if dist.is_main_process():
+        for name in remove_stale_tmp(run_dir):
+            logger.info(f"removed {name}, left by a write that was interrupted")
     world = dist.get_world_size()
     logger.info(f"run directory {run_dir}, {world} process(es), backend {dist.backend()}")
     logger.info("config differs from the defaults in: " + json.dumps(config_diff(cfg), default=str))
@@ -64,7 +92,7 @@ def train(cfg, resume=False):
     train_ds, train_loader = build_data(cfg, train=True)
     test_ds, test_loader = build_data(cfg, train=False)
     if len(train_loader) == 0:
-        raise ValueError(f"no full batch: {len(train_ds)} training samples over {world} process(es) "
+        raise DataError(f"no full batch: {len(train_ds)} training samples over {world} process(es) "
                          f"with batch_size={cfg.batch_size}; lower batch_size")
     _, precise_loader = build_data(cfg.clone().merge({"seed": cfg.seed + 1}), train=True)
 
@@ -73,8 +101,6 @@ def train(cfg, resume=False):
         load_weights(model, cfg.model.weights, allow_new_head=True)
     _broadcast_params(model)
     if cfg.bn.efficient_conv_bn_eval:
-        from .layers import enable_efficient_conv_bn_eval
-
         enable_efficient_conv_bn_eval(model, example_input=mge.tensor(example_input(train_ds)))
 
     base_lr = cfg.solver.basic_lr * world  # linear scaling rule, as basecls
@@ -84,8 +110,6 @@ def train(cfg, resume=False):
                                 growth_interval=2000 if cfg.amp.dynamic_scale else 0) if cfg.amp.enabled else None
     ema = None
     if cfg.model_ema.enabled:
-        from .engine.ema import ModelEMA, pycls_momentum
-
         c = cfg.model_ema
         momentum = c.momentum if c.alpha is None else pycls_momentum(
             c.alpha, cfg.batch_size * world, cfg.solver.max_epoch, c.update_period)
@@ -94,66 +118,118 @@ def train(cfg, resume=False):
 
     hooks = default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader)
     trainer = ClsTrainer(cfg, model, train_loader, optimizer, gm, hooks=hooks, ema=ema, grad_scaler=scaler)
-    trainer.best_top1 = None
     start_epoch = 1
     if resume:
         start_epoch = _resume(trainer, run_dir)
     _save_config(cfg, run_dir)
     if start_epoch > cfg.solver.max_epoch:
-        logger.info(f"{run_dir} already finished {cfg.solver.max_epoch} epochs; nothing to resume")
-        return None
+        return None  # _resume said what it found and completed
     trainer.train(start_info=[start_epoch, 1], max_info=[cfg.solver.max_epoch, len(train_loader)])
     return trainer.last_metrics
 
 
 def _resume(trainer, run_dir):
-    path = os.path.join(run_dir, LATEST)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"--resume: no {LATEST} in {run_dir!r}; start without --resume "
-                              f"(or set output_dir to the run you want to continue)")
-    ckpt = load_checkpoint(path)
-    load_model_state(trainer.model, ckpt["model"], source=path)
-    trainer.load_optimizer_state(ckpt["optimizer"])
-    if trainer.ema is not None and ckpt.get("ema"):
-        trainer.ema.load_state_dict(ckpt["ema"])
-    trainer.best_top1 = ckpt.get("best_top1")
-    np.random.set_state(ckpt["rng"]["numpy"])
-    random.setstate(ckpt["rng"]["python"])
-    truncate_metrics(run_dir, ckpt["epoch"]) if dist.is_main_process() else None
-    logger.info(f"resumed from {path} after epoch {ckpt['epoch']}")
-    return ckpt["epoch"] + 1
+    """Restore the run's latest checkpoint into `trainer`; returns the first epoch to train.
+
+    Metrics of epochs after the checkpoint are dropped (they are redone); what a kill left missing is
+    completed (best, and final of a run that had finished its epochs). A run stopped before its first
+    checkpoint starts again from epoch 1.
+    """
+    main = dist.is_main_process()
+    found = load_latest(run_dir)
+    if found is None:
+        if not any(os.path.isfile(p) for p in (os.path.join(run_dir, "config.json"), metrics_path(run_dir))):
+            raise CheckpointError(f"--resume: no {LATEST} in {run_dir!r}; start without --resume "
+                                  f"(or set output_dir to the run you want to continue)")
+        logger.info(f"--resume: {run_dir} has no checkpoint yet (the run stopped in its first epoch); "
+                    f"starting from epoch 1")
+        if main:
+            truncate_metrics(run_dir, 0)
+        return 1
+    path, ckpt = found
+    epoch = restore_training_state(trainer, ckpt, source=path)
+    logger.info(f"resumed from {path} after epoch {epoch}")
+    if main:
+        rows = truncate_metrics(run_dir, epoch)
+        last = rows[-1] if rows and rows[-1]["epoch"] == epoch else None
+        finished = epoch >= trainer.cfg.solver.max_epoch
+        done = complete_run(run_dir, ckpt, finished=finished, metrics=last)
+        if done:
+            logger.info(f"--resume completed what the stopped run left missing: {'; '.join(done)}")
+        elif finished:
+            logger.info(f"--resume: {run_dir} finished its {epoch} epochs and its files are complete")
+    return epoch + 1
 
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m basebn.train", description=__doc__.split("\n")[0])
     p.add_argument("config", help="experiment file, e.g. configs/quickstart.py")
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides, e.g. solver.max_epoch=3")
-    p.add_argument("--resume", action="store_true", help="continue the run in output_dir from its latest.pkl")
-    p.add_argument("--devices", type=int, default=1, help="GPU processes to launch (CPU: use mpiexec -n N)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue the run in output_dir from its last checkpoint")
+    again.add_argument("--restart", action="store_true",
+                       help="start over in output_dir, moving a previous run there to OUTPUT_DIR.old-TIMESTAMP")
+    p.add_argument("--devices", type=int, default=1, help="GPU processes per machine (CPU: use mpiexec -n N)")
+    p.add_argument("--num-machines", type=int, default=1, help="machines taking part (GPU launcher)")
+    p.add_argument("--machine-rank", type=int, default=0, help="this machine's index, 0 on the master")
+    p.add_argument("--dist-url", default=None, help="tcp://MASTER_HOST:PORT when --num-machines > 1")
     return p.parse_intermixed_args(argv)
 
 
-def _worker(config, overrides, resume):
-    return train(load_config(config, overrides), resume=resume)
+def launcher_options(devices, num_machines=1, machine_rank=0, dist_url=None):
+    """Keyword arguments of megengine.distributed.launcher for this machine's share of the job."""
+    if devices < 1 or num_machines < 1 or not 0 <= machine_rank < num_machines:
+        raise ConfigError(f"need --devices >= 1, --num-machines >= 1 and 0 <= --machine-rank < --num-machines; "
+                          f"got {devices}, {num_machines}, {machine_rank}")
+    options = dict(n_gpus=devices, world_size=devices * num_machines, rank_start=machine_rank * devices)
+    if num_machines == 1:
+        return options
+    url = urllib.parse.urlsplit(dist_url or "")
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if url.scheme != "tcp" or not url.hostname or not port:
+        raise ConfigError(f"--num-machines {num_machines} needs --dist-url tcp://MASTER_HOST:PORT (the machine of "
+                          f"--machine-rank 0, a free port), got {dist_url!r}")
+    return dict(options, master_ip=url.hostname, port=port)
 
 
-@user_errors_exit
+def _worker(config, overrides, resume, restart):
+    """One launcher process: a user error prints its line and ends this worker (the launcher ends the rest)."""
+    try:
+        train(load_config(config, overrides), resume=resume, restart=restart)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _nonfinite_advice(run_dir):
+    latest = find_checkpoint(run_dir, LATEST)
+    if latest is not None:
+        return f" The last checkpoint {latest} is intact: resume from it with --resume."
+    return " No checkpoint had been written yet."
+
+
+@cli_main
 def main(argv=None):
     args = _parse(argv)
     cfg = load_config(args.config, args.overrides)  # fail on bad keys before anything starts
+    if args.devices > 1 or args.num_machines > 1:
+        options = launcher_options(args.devices, args.num_machines, args.machine_rank, args.dist_url)
+        if not mge.is_cuda_available():
+            raise ConfigError("--devices/--num-machines need GPUs; on CPU run: mpiexec -n N python -m basebn.train "
+                              "CONFIG ... (several machines: mpiexec -f HOSTFILE -n N ...)")
+        try:
+            launcher(_worker, **options)(args.config, args.overrides, args.resume, args.restart)
+        except AssertionError as exc:  # the launcher's way of saying a worker exited non-zero
+            print(f"error: {exc} (its own message is above)", file=sys.stderr)
+            return 1
+        return 0
     try:
-        if args.devices > 1:
-            if not mge.is_cuda_available():
-                print("error: --devices needs GPUs; on CPU run: mpiexec -n N python -m basebn.train CONFIG ...",
-                      file=sys.stderr)
-                return 2
-            from megengine.distributed import launcher
-
-            launcher(_worker, n_gpus=args.devices)(args.config, args.overrides, args.resume)
-        else:
-            train(cfg, resume=args.resume)
+        train(cfg, resume=args.resume, restart=args.restart)
     except NonFiniteLossError as exc:
-        logger.error(str(exc))
+        logger.error(str(exc) + _nonfinite_advice(cfg.output_dir))
         return 1
     return 0
 

@@ -16,6 +16,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from basebn.checkpoint import FINAL, find_checkpoint  # noqa: E402
 from basebn.config import load_config  # noqa: E402
 from basebn.train import train  # noqa: E402
 from variants import evaluate_variants  # noqa: E402
@@ -30,8 +31,8 @@ def run_seed(seed, args):
         "model.base_width=8", f"data.max_train_samples={args.train_samples}", "model_ema.momentum=0.995",
         f"output_dir={out!r}", "eval_every_n_epoch=inf", "log_every_n_iter=100", "bn.efficient_conv_bn_eval=False",
     ])
-    if not os.path.isfile(os.path.join(out, "final.pkl")):
-        train(cfg)
+    if find_checkpoint(out, FINAL) is None:
+        train(cfg, resume=os.path.isdir(out))
     variants = [(w, m) for w in ("model", "ema") for m in ("running", "pooled", "batch_average")]
     return evaluate_variants(cfg, out, variants, args.precise_samples)
 

@@ -3,7 +3,8 @@ precise BN, cached in the run directory so tables can be re-printed without re-e
 import json
 import os
 
-from basebn.engine.build import build_data, build_model_from_cfg, load_weights
+from basebn.engine.build import build_data, build_model_from_cfg
+from basebn.models import load_weights
 from basebn.engine.evaluate import evaluate
 from basebn.layers.precise_bn import update_bn_stats
 

@@ -52,7 +52,8 @@ def main():
     init("none")
     results = {}
     for run, seed in RUNS.items():
-        if os.path.isfile(os.path.join(ROOT, run, "final.pkl")):
+        # final.pkl: runs of older basebn versions
+        if any(os.path.isfile(os.path.join(ROOT, run, name)) for name in ("final.npz", "final.pkl")):
             results[run] = load_run(run)
     base = {RUNS[r]: results[r][1][("model", "running")] for r in SINGLE if r in results}
 

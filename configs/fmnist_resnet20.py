@@ -1,6 +1,6 @@
 """Zoo baseline: ResNet-20 (width 16) on Fashion-MNIST (Debian's dataset-fashion-mnist), with model EMA.
 
-One run gives four zoo entries: the model, its EMA, and each after precise BN (basebn.zoo.export).
+One run gives four zoo entries: the model, its EMA, and each after precise BN (basebn.tools.zoo_export).
 Sized for a 2-core CPU: a few epochs; raise solver.max_epoch for more accuracy.
 """
 from basebn.config import BaseConfig

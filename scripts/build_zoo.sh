@@ -10,8 +10,9 @@ CFG=configs/fmnist_resnet20.py
 
 train() {  # train OUTPUT_DIR [launcher...] -- overrides...
   local out=$1; shift
-  if [ -f "$out/final.pkl" ]; then echo "skip $out (final.pkl exists)"; return 0; fi
-  local resume=(); [ -f "$out/latest.pkl" ] && resume=(--resume)
+  # final.npz / latest.npz; runs of older basebn versions wrote final.pkl / latest.pkl
+  if [ -f "$out/final.npz" ] || [ -f "$out/final.pkl" ]; then echo "skip $out (final checkpoint exists)"; return 0; fi
+  local resume=(); { [ -f "$out/latest.npz" ] || [ -f "$out/latest.pkl" ]; } && resume=(--resume)
   echo "$(date +%T) train $out"
   "$@" output_dir="$out" "${resume[@]}" >> "$out.log" 2>&1 || echo "$(date +%T) FAILED $out (see $out.log)"
 }

@@ -50,6 +50,7 @@ __all__ = [
     "CollectiveCounter",
     "mpi_world_size_from_env",
     "is_multiprocess_job",
+    "launched_rank",
     "abort_job",
     "BACKENDS",
 ]
@@ -104,6 +105,19 @@ def _make(name):
                 "(pip install mpi4py mpich, or pip install -e '.[mpi]')"
             ) from exc
     return LocalBackend()
+
+
+_MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def launched_rank():
+    """This process's rank as its launcher set it (0 when alone), readable before init()."""
+    if mdist.is_distributed():
+        return mdist.get_rank()
+    for var in _MPI_RANK_VARS:
+        if os.environ.get(var, "").strip().isdigit():
+            return int(os.environ[var])
+    return 0
 
 
 def is_multiprocess_job():

@@ -1,13 +1,19 @@
-"""Config -> objects: datasets, loaders, model (with weights), shared by the train and test CLIs."""
+"""Config -> objects: datasets, loaders, model, a zoo entry's config; shared by the train and test CLIs."""
 import numpy as np
-from loguru import logger
 
 from .. import distributed as dist
+from ..config import load_config
 from ..data import build_dataset, build_loader, validate_dataset
 from ..models import build_model
-from .checkpoint import CheckpointError, load_checkpoint, load_model_state, resolve_weights
+from ..zoo import zoo_config_source
 
-__all__ = ["build_data", "build_model_from_cfg", "load_weights", "example_input"]
+__all__ = ["build_data", "build_model_from_cfg", "example_input", "zoo_config"]
+
+
+def zoo_config(name, overrides=()):
+    """The resolved config of zoo entry `name`: its config file + its overrides + `overrides`."""
+    path, entry_overrides = zoo_config_source(name)
+    return load_config(path, entry_overrides + list(overrides))
 
 
 def build_data(cfg, train=True):
@@ -30,36 +36,4 @@ def build_model_from_cfg(cfg, in_channels):
 
 
 def example_input(dataset):
-    import numpy as np
-
     return np.zeros((2, *dataset.image_shape), dtype=np.float32)
-
-
-def read_weights(spec, ema=False):
-    """Model state (numpy dict) from a checkpoint file, a run directory, or zoo:NAME."""
-    if spec.startswith("zoo:"):
-        from ..zoo import load_zoo_weights
-
-        return load_zoo_weights(spec[4:], ema=ema), spec
-    path = resolve_weights(spec)
-    ckpt = load_checkpoint(path)
-    if ema:
-        if not ckpt.get("ema"):
-            raise CheckpointError(f"{path!r} holds no EMA weights (was model_ema.enabled=True?)")
-        return ckpt["ema"]["module"], f"{path} (EMA)"
-    return ckpt["model"], path
-
-
-def load_weights(model, spec, ema=False, allow_new_head=False):
-    """Load weights into `model`; with allow_new_head a classifier of another size is left initialised."""
-    state, source = read_weights(spec, ema=ema)
-    own = model.state_dict()
-    if allow_new_head:
-        head = [k for k in state if k.startswith("fc.") and k in own and tuple(state[k].shape) != tuple(own[k].shape)]
-        if head:
-            logger.warning(f"{source}: classifier shape differs ({', '.join(head)}); keeping a new, initialised head")
-            state = {k: v for k, v in state.items() if k not in head}
-            own_head = {k: np.asarray(own[k]) for k in head}
-            state.update(own_head)
-    load_model_state(model, state, source=source)
-    logger.info(f"loaded weights from {source}")

@@ -5,7 +5,7 @@ import megengine as mge
 import megengine.functional as F
 
 from .. import distributed as dist
-from .progress import progress_bar
+from ..utils.progress import progress_bar
 
 __all__ = ["evaluate", "topk_correct"]
 
@@ -23,7 +23,7 @@ def evaluate(model, loader, desc="eval"):
     model.eval()
     totals = np.zeros(4, dtype=np.float64)  # images, top1 hits, top5 hits, loss sum
     try:
-        for images, labels in progress_bar(loader, desc=desc, total=len(loader)):
+        for images, labels in progress_bar(loader, desc=desc, total=len(loader), enabled=dist.is_main_process()):
             logits = model(mge.tensor(images))
             loss = F.nn.cross_entropy(logits, mge.tensor(labels), reduction="sum")
             top1, top5 = topk_correct(logits.numpy(), np.asarray(labels))

@@ -1,8 +1,5 @@
 """Thin hooks on basecore's BaseHook. Each calls a plain function that also works without the trainer."""
-import json
 import math
-import os
-import random
 import time
 
 import numpy as np
@@ -10,9 +7,13 @@ from basecore.engine import BaseHook
 from loguru import logger
 
 from .. import distributed as dist
-from .checkpoint import BEST, FINAL, LATEST, atomic_write_bytes, model_state, save_checkpoint
+from ..checkpoint import write_epoch_end, write_final
+from ..layers.precise_bn import update_bn_stats
+from .ema import ema_should_update
 from .evaluate import evaluate
 from .lr_schedule import lr_at
+from .metrics_log import append_metrics, metrics_path
+from .state import capture_training_state
 
 __all__ = ["LRScheduleHook", "EMAHook", "LoggerHook", "PreciseBNHook", "EvalHook", "CheckpointHook",
            "default_hooks", "every_n_epochs"]
@@ -42,8 +43,6 @@ class EMAHook(BaseHook):
     """Updates trainer.ema after each iteration: copies the model before start_epoch, then averages."""
 
     def after_iter(self):
-        from .ema import ema_should_update
-
         t, c = self.trainer, self.trainer.cfg.model_ema
         action = ema_should_update(t.global_iter, t.progress.epoch - 1, c.start_epoch, c.update_period)
         if action == "update":
@@ -95,8 +94,6 @@ class PreciseBNHook(BaseHook):
         self.loader, self.every, self.num_samples, self.method = loader, every_n_epoch, num_samples, method
 
     def after_epoch(self):
-        from .precise_bn import update_bn_stats
-
         t = self.trainer
         if self.every == math.inf or not every_n_epochs(t.progress.epoch, t.progress.max_epoch, self.every):
             return
@@ -111,10 +108,10 @@ class PreciseBNHook(BaseHook):
 
 
 class EvalHook(BaseHook):
-    """Evaluates model (and EMA) every n epochs and after the last; appends to metrics.jsonl on rank 0."""
+    """Evaluates model (and EMA) every n epochs and after the last; appends to metrics.jsonl on rank 0 (fsynced)."""
 
     def __init__(self, loader, every_n_epoch, run_dir):
-        self.loader, self.every, self.path = loader, every_n_epoch, os.path.join(run_dir, "metrics.jsonl")
+        self.loader, self.every, self.path = loader, every_n_epoch, metrics_path(run_dir)
 
     def after_epoch(self):
         t = self.trainer
@@ -132,67 +129,32 @@ class EvalHook(BaseHook):
             msg += f" | EMA top1 {m['ema_top1']:.2f} top5 {m['ema_top5']:.2f}"
         logger.info(msg)
         if dist.is_main_process():
-            with open(self.path, "a") as f:
-                f.write(json.dumps(m) + "\n")
-
-
-def truncate_metrics(run_dir, last_epoch):
-    """On resume, drop metrics.jsonl lines of epochs the resumed run will redo (atomically)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        return
-    with open(path) as f:
-        kept = [line for line in f if line.strip() and json.loads(line)["epoch"] <= last_epoch]
-    atomic_write_bytes(path, "".join(kept).encode())
+            append_metrics(self.path, m)
 
 
 class CheckpointHook(BaseHook):
-    """latest.pkl after every epoch, epoch_N.pkl every n epochs, best.pkl by top-1, final.pkl at the end."""
+    """Epoch end: best.npz (top-1 improved), epoch_N.npz (every n epochs), then latest.npz, the commit point
+    (see checkpoint/run_files.py for why this order); final.npz after the last epoch."""
 
     def __init__(self, run_dir, every_n_epoch):
         self.run_dir, self.every = run_dir, every_n_epoch
 
-    def payload(self):
-        t = self.trainer
-        return {
-            "model": model_state(t.model),
-            "ema": t.ema.state_dict() if t.ema is not None else None,
-            "optimizer": t.optimizer_state(),
-            "scaler": _scaler_state(t.grad_scaler),
-            "epoch": t.progress.epoch,  # completed epochs
-            "best_top1": t.best_top1,
-            "rng": {"numpy": np.random.get_state(), "python": random.getstate()},
-            "config": t.cfg.to_dict(),
-        }
-
     def after_epoch(self):
         t = self.trainer
-        m = getattr(t, "last_metrics", None)
+        m = t.last_metrics
         improved = m is not None and (t.best_top1 is None or m["top1"] > t.best_top1)
         if improved:
-            t.best_top1 = m["top1"]
+            t.best_top1, t.best_epoch = m["top1"], t.progress.epoch
         if not dist.is_main_process():
             return
-        payload = self.payload()
-        save_checkpoint(os.path.join(self.run_dir, LATEST), payload)
-        if self.every != math.inf and t.progress.epoch % int(self.every) == 0:
-            save_checkpoint(os.path.join(self.run_dir, f"epoch_{t.progress.epoch}.pkl"), payload)
-        if improved:
-            save_checkpoint(os.path.join(self.run_dir, BEST), payload)
+        keep = self.every != math.inf and t.progress.epoch % int(self.every) == 0
+        write_epoch_end(self.run_dir, capture_training_state(t), best=improved, keep_epoch=keep)
 
     def after_train(self):
         t = self.trainer
         if dist.is_main_process():
-            save_checkpoint(os.path.join(self.run_dir, FINAL), {
-                "model": model_state(t.model),
-                "ema": t.ema.state_dict() if t.ema is not None else None,
-                "epoch": t.progress.max_epoch, "config": t.cfg.to_dict(), "metrics": getattr(t, "last_metrics", None),
-            })
-            logger.info(f"final weights: {os.path.join(self.run_dir, FINAL)}")
-
-
-def _scaler_state(scaler):
-    return None if scaler is None else {k: v for k, v in vars(scaler).items() if isinstance(v, (int, float, bool))}
+            path = write_final(self.run_dir, capture_training_state(t, epoch=t.progress.max_epoch))
+            logger.info(f"final weights: {path}")
 
 
 def default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader):

@@ -5,28 +5,27 @@ Everything around the iteration (lr, EMA, logging, precise BN, evaluation, check
 import math
 import time
 
-import numpy as np
-
 import megengine as mge
 import megengine.functional as F
 import megengine.optimizer as optim
 from basecore.engine import BaseTrainer
+from megengine.jit import trace
 
 from .. import distributed as dist
+from ..layers.conv import fast_cpu_weight_grad
+from ..layers.norm import is_bn
 
 __all__ = ["ClsTrainer", "NonFiniteLossError", "set_norm_eval"]
 
 
 class NonFiniteLossError(FloatingPointError):
-    """Loss became NaN/inf; the run stops before the optimizer step, leaving the last checkpoint intact."""
+    """Loss became NaN/inf; the run stops before the optimizer step (no checkpoint is written after it)."""
 
 
 def set_norm_eval(model):
-    """Put every BatchNorm-family layer in eval mode (frozen statistics), keeping the rest in train mode."""
-    from .optimizer import NORM_TYPES
-
+    """Put every BN layer (``layers.norm.is_bn``) in eval mode (frozen statistics); the rest stays in train mode."""
     for m in model.modules():
-        if isinstance(m, NORM_TYPES) and hasattr(m, "running_mean"):
+        if is_bn(m):
             m.eval()
 
 
@@ -34,7 +33,9 @@ class ClsTrainer(BaseTrainer):
     """Image-classification trainer.
 
     Attributes beyond BaseTrainer's: cfg, optimizer, grad_manager, ema (ModelEMA or None),
-    meter (values of the last iteration for the logger), iters_per_epoch.
+    meter (values of the last iteration for the logger), iters_per_epoch, and the run's evaluation state:
+    last_metrics (the last evaluation's dict, None in an epoch without one), best_top1 and best_epoch.
+    Checkpoints capture and restore all of it in engine/state.py.
     """
 
     def __init__(self, cfg, model, train_loader, optimizer, grad_manager, hooks=None, ema=None, grad_scaler=None):
@@ -48,6 +49,9 @@ class ClsTrainer(BaseTrainer):
         self.iters_per_epoch = len(train_loader)
         self.accum = cfg.solver.accumulation_steps
         self.meter = {}
+        self.last_metrics = None
+        self.best_top1 = None
+        self.best_epoch = None
         self._epoch_iter = None
         self._forward_backward = self._build_step()
 
@@ -58,25 +62,23 @@ class ClsTrainer(BaseTrainer):
         return loss, logits
 
     def _build_step(self):
-        def forward_backward(images, labels):
+        """forward + backward; the loss scale is an input (dy), so a traced step never bakes it in."""
+        amp = self.cfg.amp.enabled
+
+        def forward_backward(images, labels, loss_scale):
             with self.grad_manager:
-                if self.grad_scaler is not None:
-                    with mge.amp.autocast(enabled=True):
-                        loss, logits = self._loss(images, labels)
-                    self.grad_scaler.backward(self.grad_manager, loss / self.accum)
-                else:
+                with mge.amp.autocast(enabled=amp):
                     loss, logits = self._loss(images, labels)
-                    self.grad_manager.backward(loss / self.accum)
+                self.grad_manager.backward(loss / self.accum, dy=loss_scale)
             return loss, logits
 
         if self.cfg.trace:
-            from megengine.jit import trace
-
-            from ..layers.conv import fast_cpu_weight_grad
-
             fast_cpu_weight_grad(False)  # the numpy weight-gradient tap cannot be traced
             return trace(forward_backward, symbolic=True)
         return forward_backward
+
+    def _loss_scale(self):
+        return mge.tensor(1.0 if self.grad_scaler is None else self.grad_scaler.scale_factor, dtype="float32")
 
     @property
     def global_iter(self):
@@ -96,14 +98,13 @@ class ClsTrainer(BaseTrainer):
         t0 = time.perf_counter()
         images, labels = next(self._epoch_iter)
         t1 = time.perf_counter()
-        loss, logits = self._forward_backward(mge.tensor(images), mge.tensor(labels))
+        loss, logits = self._forward_backward(mge.tensor(images), mge.tensor(labels), self._loss_scale())
         loss_value = self._sync_grads(loss)
         if not math.isfinite(loss_value):
             raise NonFiniteLossError(
                 f"loss is {loss_value} at epoch {self.progress.epoch} iteration {self.progress.iter} "
-                f"(global iteration {self.global_iter}); stopped before the optimizer step. The last "
-                f"checkpoint in {self.cfg.output_dir} is intact: lower solver.basic_lr, set "
-                f"solver.grad_clip, or resume from it with --resume"
+                f"(global iteration {self.global_iter}); stopped before the optimizer step. Lower "
+                f"solver.basic_lr or set solver.grad_clip."
             )
         if (self.global_iter + 1) % self.accum == 0:
             self._optimizer_step()
@@ -131,39 +132,15 @@ class ClsTrainer(BaseTrainer):
         return float(flat[-1].item())
 
     def _optimizer_step(self):
+        if self.grad_scaler is not None:
+            # once per optimizer step, on the accumulated, all-reduced gradients: every micro-step used the
+            # same scale (it only changes here), and all ranks see the same gradients, so they agree on overflow
+            self.grad_scaler.unscale(self.grad_manager.attached_tensors())
+            self.grad_scaler.update()
         clip = self.cfg.solver.grad_clip
         if clip.name == "norm":
             optim.clip_grad_norm(self.params, max_norm=clip.max_norm)
         elif clip.name == "value":
             optim.clip_grad_value(self.params, lower=clip.lower, upper=clip.upper)
-        if self.grad_scaler is not None:
-            self.grad_scaler.update()
         self.optimizer.step()
         self.optimizer.clear_grad()
-
-    # -- state for checkpoints --------------------------------------------------------------------
-    def optimizer_state(self):
-        return _to_numpy(self.optimizer.state_dict())
-
-    def load_optimizer_state(self, state):
-        self.optimizer.load_state_dict(_to_tensor(state))
-
-
-def _to_numpy(obj):
-    if isinstance(obj, mge.Tensor):
-        return obj.numpy()
-    if isinstance(obj, dict):
-        return {k: _to_numpy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_numpy(v) for v in obj)
-    return obj
-
-
-def _to_tensor(obj):
-    if isinstance(obj, np.ndarray):
-        return mge.tensor(obj)
-    if isinstance(obj, dict):
-        return {k: _to_tensor(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_tensor(v) for v in obj)
-    return obj

@@ -7,7 +7,6 @@ input moments come from :func:`bn_ops.bn_stats` and are merged over batches, the
 Design notes (methods, rank quotas, SyncBN modes): docs/bn_design.md.
 """
 import contextlib
-import sys
 import time
 
 import numpy as np
@@ -18,6 +17,7 @@ import megengine.functional as F
 import megengine.module as M
 
 from .. import distributed as dist
+from ..utils.progress import progress_bar
 from . import bn_ops
 from .moments import Moments, empty_moments, merge_moments
 from .norm import OTHER_NORM_TYPES, has_running_stats, is_bn, is_frozen_bn, is_sync_bn
@@ -140,17 +140,6 @@ def _lockstep(batches, world):
         if ready < world:
             return
         yield images
-
-
-def _progress(iterable):
-    """A tqdm bar on the main process when stderr is a terminal (tqdm optional), else ``iterable``."""
-    if not dist.is_main_process() or not sys.stderr.isatty():
-        return iterable
-    try:
-        from tqdm import tqdm  # optional dependency
-    except ImportError:
-        return iterable
-    return tqdm(iterable, desc="precise BN", leave=False, dynamic_ncols=True)
 
 
 # ------------------------------------------------------------------------------- statistics
@@ -280,7 +269,7 @@ def _local_pass(model, layers, loader, quota, mode, progress):
     samples = batches_run = 0
     world = dist.get_world_size()
     batches = _iterate(loader, quota)
-    bar = _progress(batches) if progress else batches
+    bar = progress_bar(batches, desc="precise BN", enabled=progress and dist.is_main_process())
     with contextlib.ExitStack() as stack:
         stack.enter_context(_closing(batches, bar))
         capture = stack.enter_context(_capturing_inputs(layers))

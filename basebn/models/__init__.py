@@ -1,5 +1,6 @@
 """Model zoo architectures. MODELS maps config names to constructors (an explicit table, no import side effects)."""
 from .resnet import ResNet, resnet18, resnet20, resnet32, resnet34, resnet50, resnet56
+from .weights import load_weights, read_weights
 
 MODELS = {
     "resnet20": resnet20,

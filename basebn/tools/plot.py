@@ -13,6 +13,11 @@ import sys
 
 import numpy as np
 
+from ..config import BaseConfig
+from ..engine.build import build_data, build_model_from_cfg
+from ..layers.precise_bn import collect_bn_population_stats
+from ..models import load_weights
+
 __all__ = ["read_metrics", "plot_curves", "bn_drift", "plot_bn_stats", "main"]
 
 
@@ -58,8 +63,6 @@ def plot_curves(run_dirs, out_path):
 
 def bn_drift(model, loader, num_samples):
     """Per BN layer: (name, mean shift / pop std, running var / pop var) averaged over channels."""
-    from ..engine.precise_bn import collect_bn_population_stats
-
     pop = collect_bn_population_stats(model, loader, num_samples)
     modules = dict(model.named_modules())
     rows = []
@@ -105,11 +108,6 @@ def plot_bn_stats(series, out_path, title=""):
 
 def _bn_series_for_run(run_dir, num_samples):
     """{"model": rows, "EMA": rows (when the run has EMA weights)} for the run's final weights."""
-    import megengine as mge  # noqa: F401  (heavy import only for --bn-stats)
-
-    from ..config import BaseConfig
-    from ..engine.build import build_data, build_model_from_cfg, load_weights
-
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = BaseConfig(json.load(f))
     ds, loader = build_data(cfg, train=True)

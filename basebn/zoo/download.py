@@ -3,13 +3,10 @@ import os
 import sys
 import urllib.request
 
-from .weights import sha256_of
+from ..utils.fs import sha256_of
+from .errors import ZooError
 
-__all__ = ["download", "cache_dir", "ZooError"]
-
-
-class ZooError(RuntimeError):
-    """A zoo entry that cannot be used; the message says why and what to do."""
+__all__ = ["download", "cache_dir"]
 
 
 def cache_dir():
@@ -47,7 +44,7 @@ def download(url, sha256, dest_dir=None, timeout=60):
 def _stream(resp, path, mode, have, total, name):
     bar = None
     if sys.stderr.isatty():
-        from tqdm import tqdm
+        from tqdm import tqdm  # optional dependency, only for a terminal
 
         bar = tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=name)
     with open(path, mode) as f:

@@ -1,0 +1,111 @@
+"""The .npz container of checkpoints and zoo weights: named arrays + JSON metadata + a sha256 checksum.
+
+Read with allow_pickle=False, so a file can hold data only, never code. `__meta__` is the metadata (UTF-8
+JSON as uint8); `__sha256__` is the hex sha256 of the canonical content: for every other entry, sorted by
+name, its name, dtype, shape and bytes. A file without `__sha256__` (the shipped zoo weights) is read as
+unchecked; the zoo verifies those by the file's sha256 in zoo.json instead.
+"""
+import hashlib
+import io
+import json
+import os
+import struct
+import zipfile
+import zlib
+
+import numpy as np
+
+from ..utils.fs import atomic_write_bytes
+from .errors import CheckpointError
+
+__all__ = ["META", "CHECKSUM", "ZIP_MAGIC", "write_container", "read_container", "content_sha256", "sniff"]
+
+META, CHECKSUM = "__meta__", "__sha256__"
+ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_MAGIC = b"\x80"  # protocol 2 and later
+# what a damaged zip or .npy member raises inside np.load
+_READ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, KeyError, ValueError, struct.error,
+                NotImplementedError, TypeError)
+
+
+def content_sha256(entries):
+    """Hex sha256 over (name, dtype, shape, bytes) of every entry, sorted by name."""
+    h = hashlib.sha256()
+    for name in sorted(entries):
+        a = np.asarray(entries[name])
+        header = json.dumps([name, a.dtype.str, list(a.shape), a.nbytes]).encode()
+        h.update(len(header).to_bytes(8, "little") + header)
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def write_container(path, arrays, meta):
+    """Atomically write `arrays` ({name: ndarray}) and the JSON-able dict `meta`, with the checksum."""
+    entries = {}
+    for name, value in arrays.items():
+        if name in (META, CHECKSUM):
+            raise CheckpointError(f"array name {name!r} is reserved")
+        a = np.asarray(value)
+        if a.dtype == object:
+            raise CheckpointError(f"{name}: object arrays cannot be stored (they would need pickle)")
+        entries[name] = a
+    entries[META] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
+    entries[CHECKSUM] = np.frombuffer(content_sha256(entries).encode("ascii"), dtype=np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, **entries)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def sniff(path):
+    """'npz', 'pickle' or None, from the file's first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == ZIP_MAGIC:
+        return "npz"
+    return "pickle" if head[:1] == _PICKLE_MAGIC else None
+
+
+def read_container(path):
+    """-> (arrays, meta, checked): checked is False for a file without a checksum entry. Never unpickles."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path!r} does not exist")
+    kind = sniff(path)
+    if kind != "npz":
+        what = "a pickle" if kind == "pickle" else "not a zip archive"
+        raise CheckpointError(f"{path!r} is not an .npz checkpoint or weights file ({what}); it was not loaded")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            entries = {name: z[name] for name in z.files}
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise CheckpointError(f"{path!r} holds an object array (pickled Python objects); refused: checkpoint "
+                                  f"and weights files may hold plain numeric arrays only") from exc
+        raise _corrupt(path, exc) from exc
+    except _READ_ERRORS as exc:
+        raise _corrupt(path, exc) from exc
+    stored = entries.pop(CHECKSUM, None)
+    if stored is not None:
+        want, got = _text(stored), content_sha256(entries)
+        if want != got:
+            raise CheckpointError(f"{path!r} fails its checksum (stored {want[:16]}..., content {got[:16]}...): "
+                                  f"the file is damaged (e.g. a flipped bit); use another checkpoint")
+    raw = entries.pop(META, None)
+    try:
+        meta = json.loads(_text(raw)) if raw is not None else {}
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _corrupt(path, exc) from exc
+    if not isinstance(meta, dict):
+        raise _corrupt(path, TypeError("metadata is not a JSON object"))
+    return entries, meta, stored is not None
+
+
+def _text(a):
+    """The UTF-8 text a uint8 entry holds ('' for an entry of another kind, which then fails the checks)."""
+    if a.dtype != np.uint8 or a.ndim != 1:
+        return ""
+    return a.tobytes().decode("utf-8", errors="replace")
+
+
+def _corrupt(path, exc):
+    return CheckpointError(f"checkpoint {path!r} is truncated or corrupt ({type(exc).__name__}: {exc}); "
+                           f"use another file")

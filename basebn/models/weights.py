@@ -1,0 +1,47 @@
+"""The one weights resolver: a spec -> model state, and loading it into a model.
+
+A spec is `zoo:NAME` (a zoo entry, sha256-verified), a checkpoint or weights file (.npz, or a legacy .pkl read
+without running code), or a run directory (its final checkpoint, else its latest).
+"""
+import numpy as np
+from loguru import logger
+
+from ..checkpoint import CheckpointError, load_checkpoint, load_model_state, resolve_weights
+from ..zoo import load_zoo_weights
+
+__all__ = ["ZOO_PREFIX", "zoo_name", "read_weights", "load_weights"]
+
+ZOO_PREFIX = "zoo:"
+
+
+def zoo_name(spec):
+    """NAME for `zoo:NAME`, None for any other spec."""
+    return spec[len(ZOO_PREFIX):] if isinstance(spec, str) and spec.startswith(ZOO_PREFIX) else None
+
+
+def read_weights(spec, ema=False):
+    """-> (model state as a numpy dict, source description); the EMA weights with ema=True."""
+    name = zoo_name(spec)
+    if name is not None:
+        return load_zoo_weights(name, ema=ema), f"{spec} (EMA)" if ema else spec
+    path = resolve_weights(spec)
+    ckpt = load_checkpoint(path)
+    if ema:
+        if not ckpt.get("ema"):
+            raise CheckpointError(f"{path!r} holds no EMA weights (was model_ema.enabled=True?)")
+        return ckpt["ema"]["module"], f"{path} (EMA)"
+    return ckpt["model"], path
+
+
+def load_weights(model, spec, ema=False, allow_new_head=False):
+    """Load weights into `model`; with allow_new_head a classifier of another size is left initialised."""
+    state, source = read_weights(spec, ema=ema)
+    own = model.state_dict()
+    if allow_new_head:
+        head = [k for k in state if k.startswith("fc.") and k in own and tuple(state[k].shape) != tuple(own[k].shape)]
+        if head:
+            logger.warning(f"{source}: classifier shape differs ({', '.join(head)}); keeping a new, initialised head")
+            state = {k: v for k, v in state.items() if k not in head}
+            state.update({k: np.asarray(own[k]) for k in head})
+    load_model_state(model, state, source=source)
+    logger.info(f"loaded weights from {source}")

@@ -1,0 +1,62 @@
+"""Files: atomic replacement, clean-up of the temp files a killed writer leaves, sha256 of a file.
+
+atomic_write_bytes writes `NAME.XXXXXXXX.tmp` beside `NAME` (8 random characters from mkstemp);
+remove_stale_tmp removes exactly that pattern.
+"""
+import hashlib
+import os
+import re
+import tempfile
+
+__all__ = ["atomic_write_bytes", "remove_stale_tmp", "sha256_of", "TMP_SUFFIX"]
+
+TMP_SUFFIX = ".tmp"
+_STALE_TMP = re.compile(r"^.+\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp's names: 8 of [a-z0-9_]
+
+
+def atomic_write_bytes(path, data):
+    """Write `data` to a temp file beside `path`, fsync, then rename: `path` is never half-written."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=TMP_SUFFIX, dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def remove_stale_tmp(directory):
+    """Remove the `NAME.XXXXXXXX.tmp` files a killed atomic_write_bytes left in `directory` (not below it).
+
+    Call it only while no other process writes there (e.g. holding the run directory's lock).
+    Returns the removed file names, sorted.
+    """
+    removed = []
+    if not os.path.isdir(directory):
+        return removed
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if _STALE_TMP.match(name) and os.path.isfile(path) and not os.path.islink(path):
+            os.remove(path)
+            removed.append(name)
+    return removed
+
+
+def sha256_of(path, chunk=1 << 20):
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()

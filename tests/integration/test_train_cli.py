@@ -1,0 +1,288 @@
+"""The CLIs end to end on a tiny config: train, test, resume after SIGKILL, NaN stop, clear user errors."""
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from basebn.checkpoint import load_checkpoint
+from tests.support import ROOT
+from tests.support.cli import PY, TINY, metrics, run
+
+def test_train_then_test_end_to_end(tiny, tmp_path):
+    run_dir = str(tmp_path / "run")
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}"])
+    assert r.returncode == 0, r.stderr
+    rows = metrics(run_dir)
+    assert [m["epoch"] for m in rows] == [1, 2]
+    assert all(m["images"] == 37 and 0 <= m["top1"] <= m["top5"] <= 100 for m in rows)
+    for name in ("latest.npz", "final.npz", "best.npz", "epoch_1.npz", "config.json", "config_diff.json", "log.txt"):
+        assert os.path.isfile(os.path.join(run_dir, name)), name
+    assert json.load(open(os.path.join(run_dir, "config_diff.json")))["solver.max_epoch"] == 2
+    r = run(["basebn.test", tiny, "-w", run_dir, "--json"])
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["images"] == 37
+    assert result["top1"] == pytest.approx(rows[-1]["top1"])
+
+
+def test_resume_after_sigkill_matches_uninterrupted(tiny, tmp_path):
+    full, killed = str(tmp_path / "full"), str(tmp_path / "killed")
+    args = ["solver.max_epoch=4"]
+    assert run(["basebn.train", tiny, f"output_dir={full}", *args]).returncode == 0
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen([PY, "-m", "basebn.train", tiny, f"output_dir={killed}", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = os.path.join(killed, "latest.npz")
+    deadline = time.time() + 300
+    while not os.path.exists(latest) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    r = run(["basebn.train", tiny, f"output_dir={killed}", *args, "--resume"])
+    assert r.returncode == 0, r.stderr
+    a, b = metrics(full), metrics(killed)
+    assert [m["epoch"] for m in b] == [1, 2, 3, 4]  # no epoch counted twice
+    assert a[-1] == b[-1]  # identical final metrics (CPU is deterministic here)
+
+
+def test_nan_loss_stops_and_keeps_last_checkpoint(tiny, tmp_path):
+    run_dir = str(tmp_path / "run")
+    assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
+    before = open(os.path.join(run_dir, "latest.npz"), "rb").read()
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=3", "solver.basic_lr=1e30",
+             "solver.warmup_epochs=0", "--resume"])
+    assert r.returncode == 1
+    assert "loss is nan" in r.stderr.lower() or "loss is inf" in r.stderr.lower()
+    assert "iteration" in r.stderr
+    assert open(os.path.join(run_dir, "latest.npz"), "rb").read() == before
+
+
+def test_user_errors_are_one_line(tiny, tmp_path):
+    r = run(["basebn.train", tiny, "solver.max_epochs=3"])
+    assert r.returncode == 2 and "did you mean 'solver.max_epoch'" in r.stderr and "Traceback" not in r.stderr
+    r = run(["basebn.train", str(tmp_path / "missing.py")])
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+    r = run(["basebn.train", tiny, "num_classes=3"])
+    assert r.returncode == 2 and "num_classes" in r.stderr and "Traceback" not in r.stderr
+    r = run(["basebn.train", tiny, "data.name=fashion_mnist", f"data.root={tmp_path}"])
+    assert r.returncode == 2 and str(tmp_path) in r.stderr and "Traceback" not in r.stderr
+
+
+def test_test_cli_rejects_other_architecture_and_corrupt_file(tiny, tmp_path):
+    run_dir = str(tmp_path / "run")
+    assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
+    r = run(["basebn.test", tiny, "-w", run_dir, "model.name=resnet32"])
+    assert r.returncode == 2 and "missing in checkpoint" in r.stderr and "layer1.3" in r.stderr
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(open(os.path.join(run_dir, "final.npz"), "rb").read()[:100])
+    r = run(["basebn.test", tiny, "-w", str(bad)])
+    assert r.returncode == 2 and "truncated or corrupt" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_zoo_export_then_evaluate_and_finetune_from_entry(tiny, tmp_path):
+    run_dir, zoo_dir = str(tmp_path / "run"), tmp_path / "zoo"
+    zoo_dir.mkdir()
+    env = {"BASEBN_ZOO": str(zoo_dir)}
+    assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
+    r = run(["basebn.tools.zoo_export", run_dir, "tiny_r20", "--config", tiny, "--command", "test"],
+            env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    assert r.returncode == 0, r.stderr
+    entry = json.loads(r.stdout.strip().splitlines()[-1])
+    index = json.load(open(zoo_dir / "zoo.json"))
+    assert index["entries"][0]["sha256"] == entry["sha256"] and "tiny_r20" in open(zoo_dir / "README.md").read()
+    # the training command given, then the export's own invocation (runnable as recorded: --config included)
+    assert entry["command"] == f"test; python -m basebn.tools.zoo_export {run_dir} tiny_r20 --config {tiny}"
+    r = run(["basebn.test", "zoo:tiny_r20", "--json"], env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["top1"] == pytest.approx(entry["top1"], abs=0.05)
+    r = run(["basebn.train", tiny, f"output_dir={tmp_path / 'ft'}", "solver.max_epoch=1", "model.weights=zoo:tiny_r20",
+             "bn.norm_eval=True"], env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    assert r.returncode == 0, r.stderr
+    assert "loaded weights from zoo:tiny_r20" in r.stderr
+    with open(zoo_dir / "tiny_r20.npz", "ab") as f:  # a damaged file is refused
+        f.write(b"x")
+    r = run(["basebn.test", "zoo:tiny_r20"], env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    assert r.returncode == 2 and "sha256" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_trace_flag_trains_like_eager(tiny, tmp_path):
+    eager, traced = str(tmp_path / "eager"), str(tmp_path / "traced")
+    assert run(["basebn.train", tiny, f"output_dir={eager}", "solver.max_epoch=1"]).returncode == 0
+    r = run(["basebn.train", tiny, f"output_dir={traced}", "solver.max_epoch=1", "trace=True"])
+    assert r.returncode == 0, r.stderr
+    assert metrics(traced)[-1]["loss"] == pytest.approx(metrics(eager)[-1]["loss"], rel=1e-3)
+
+
+# -- recoverable epoch ends: every kill point, legacy runs, damaged files ---------------------------------------
+
+KILL_DRIVER = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import basebn.checkpoint.format as fmt
+import basebn.train
+kill_at, done, real = int(sys.argv[2]), [0], fmt.atomic_write_bytes
+def write(path, data):  # the checkpoint writer, killed (no clean-up at all) before its write number kill_at
+    if done[0] == kill_at:
+        os._exit(137)
+    real(path, data)
+    done[0] += 1
+fmt.atomic_write_bytes = write
+code = basebn.train.main(sys.argv[3:])
+print(f"checkpoint writes: {done[0]}")
+sys.exit(code)
+"""
+CKPTS = ("final.npz", "best.npz", "latest.npz", "epoch_1.npz", "epoch_2.npz")
+
+
+def run_killed(tiny, run_dir, kill_at, *args):
+    return subprocess.run([PY, "-c", KILL_DRIVER, ROOT, str(kill_at), tiny, f"output_dir={run_dir}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def content(path):
+    """Every array of a checkpoint and its metadata but the config (which names the run directory)."""
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files if k not in ("__meta__", "__sha256__")}
+        meta = json.loads(z["__meta__"].tobytes())
+    meta.pop("config", None)
+    return arrays, meta
+
+
+def assert_same_run(reference, other, names=CKPTS):
+    assert metrics(other) == metrics(reference)
+    for name in names:
+        a, meta_a = content(os.path.join(reference, name))
+        b, meta_b = content(os.path.join(other, name))
+        assert meta_b == meta_a, name
+        assert sorted(b) == sorted(a), name
+        for k in a:
+            np.testing.assert_array_equal(b[k], a[k], err_msg=f"{name}: {k}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 2-epoch run of the tiny config, and how many checkpoint writes it made."""
+    folder = tmp_path_factory.mktemp("reference")
+    tiny = folder / "tiny.py"
+    tiny.write_text(TINY)
+    run_dir = str(folder / "run")
+    r = run_killed(str(tiny), run_dir, -1)
+    assert r.returncode == 0, r.stderr
+    writes = int(r.stdout.split("checkpoint writes: ")[1].split()[0])
+    assert writes >= 6  # best, epoch_1, latest; (best), epoch_2, latest; final
+    return str(tiny), run_dir, writes
+
+
+def test_kill_at_every_checkpoint_write_then_resume_gives_the_uninterrupted_run(reference, tmp_path):
+    tiny, ref_dir, writes = reference
+    for k in range(writes):
+        run_dir = str(tmp_path / f"killed_{k}")
+        r = run_killed(tiny, run_dir, k)
+        assert r.returncode == 137, (k, r.stderr)
+        r = run(["basebn.train", tiny, f"output_dir={run_dir}", "--resume"])
+        assert r.returncode == 0, (k, r.stderr)
+        assert_same_run(ref_dir, run_dir)
+        if k == writes - 1:  # killed before final.npz, after the last latest.npz
+            assert "--resume completed what the stopped run left missing: final.npz (epoch 2)" in r.stderr
+        if k < 3:  # killed after the first evaluation, before the first latest.npz
+            assert "starting from epoch 1" in r.stderr
+
+
+def test_resume_repairs_best_left_stale_by_the_old_write_order(reference, tmp_path):
+    _, ref_dir, _ = reference
+    tiny = reference[0]
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(ref_dir, run_dir)
+    best_epoch = content(os.path.join(ref_dir, "latest.npz"))[1]["best_epoch"]
+    shutil.copy(os.path.join(run_dir, f"epoch_{3 - best_epoch}.npz"), os.path.join(run_dir, "best.npz"))
+    os.remove(os.path.join(run_dir, "final.npz"))
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "--resume"])
+    assert r.returncode == 0, r.stderr
+    assert f"best.npz (epoch {best_epoch}); final.npz (epoch 2)" in r.stderr
+    assert_same_run(ref_dir, run_dir)
+
+
+def test_partial_metrics_line_does_not_stop_resume(reference, tmp_path):
+    tiny, ref_dir, _ = reference
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(ref_dir, run_dir)
+    os.remove(os.path.join(run_dir, "final.npz"))
+    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+        f.write('{"epoch": 3, "top1": 1')  # a crash (or a full disk) in the middle of a line
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "--resume"])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "dropped a partial or corrupt line" in r.stderr
+    assert_same_run(ref_dir, run_dir)
+
+
+def test_resume_of_a_legacy_pkl_run(reference, tmp_path):
+    """A run directory of an older basebn holds only latest.pkl (pickled, format v1); it resumes and ends as the
+    uninterrupted run does."""
+    tiny, ref_dir, _ = reference
+    run_dir = str(tmp_path / "legacy")
+    shutil.copytree(ref_dir, run_dir)
+    ckpt = load_checkpoint(os.path.join(run_dir, "epoch_1.npz"))
+    legacy = {"format": "basebn-checkpoint-v1", **{k: ckpt[k] for k in (
+        "model", "ema", "optimizer", "scaler", "epoch", "best_top1", "rng", "config")}}
+    with open(os.path.join(run_dir, "latest.pkl"), "wb") as f:
+        pickle.dump(legacy, f, protocol=4)
+    for name in os.listdir(run_dir):
+        if name.endswith(".npz"):
+            os.remove(os.path.join(run_dir, name))
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "--resume"])
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stderr and "latest.pkl after epoch 1" in r.stderr
+    assert_same_run(ref_dir, run_dir, names=("final.npz", "latest.npz", "epoch_2.npz"))
+
+
+def test_resume_from_damaged_or_final_latest_fails_clearly(reference, tmp_path):
+    tiny, ref_dir, _ = reference
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(ref_dir, run_dir)
+    latest = os.path.join(run_dir, "latest.npz")
+    data = open(latest, "rb").read()
+    open(latest, "wb").write(data[: len(data) // 2])
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "--resume"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "truncated or corrupt" in r.stderr and "epoch_2.npz, epoch_1.npz" in r.stderr
+    shutil.copy(os.path.join(run_dir, "final.npz"), latest)  # weights only: no optimizer state
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "--resume"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "no optimizer/progress state" in r.stderr
+
+
+class _CreatesFile:
+    """Unpickling this calls open(target, "w"): the payload of a malicious checkpoint."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return open, (self.target, "w")
+
+
+def test_weights_that_would_run_code_are_refused(reference, tmp_path):
+    tiny = reference[0]
+    target = tmp_path / "created_by_pickle"
+    evil = tmp_path / "evil.pkl"
+    evil.write_bytes(pickle.dumps({"format": "basebn-checkpoint-v1", "model": _CreatesFile(str(target))}, protocol=4))
+    r = run(["basebn.test", tiny, "-w", str(evil)])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "refused to load global io.open" in r.stderr and str(evil) in r.stderr
+    assert not target.exists()
+
+
+def test_export_refuses_a_malformed_zoo_index_and_leaves_it(reference, tmp_path):
+    tiny, ref_dir, _ = reference
+    (tmp_path / "zoo.json").write_text('{"entries": [')
+    r = run(["basebn.tools.zoo_export", ref_dir, "x", "--config", tiny],
+            env=dict(os.environ, PYTHONPATH=ROOT, BASEBN_ZOO=str(tmp_path)))
+    assert r.returncode == 2 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (tmp_path / "zoo.json").read_text() == '{"entries": ['
+    assert sorted(os.listdir(tmp_path)) == ["zoo.json"]

@@ -1,0 +1,30 @@
+"""Running the CLIs in a subprocess on a tiny config, and reading what a run wrote."""
+import json
+import os
+import subprocess
+import sys
+
+from . import ROOT
+
+PY = sys.executable
+
+TINY = """
+from basebn.config import BaseConfig
+class Cfg(BaseConfig):
+    def __init__(self):
+        super().__init__()
+        self.merge(dict(batch_size=16, seed=3,
+            data=dict(name="synthetic", image_size=8, train_size=96, test_size=37, pad=1, prefetch=False),
+            model=dict(name="resnet20", base_width=4), solver=dict(max_epoch=2, warmup_epochs=1),
+            log_every_n_iter=3))
+"""
+
+
+def run(args, env=None):
+    env = env or dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([PY, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
