@@ -15,16 +15,7 @@ import basebn.zoo as zoo
 from basebn.checkpoint import CheckpointError
 from basebn.zoo import ZooError, download, read_npz_weights, save_npz_weights
 from tests.support import ROOT
-
-TINY = """
-from basebn.config import BaseConfig
-class Cfg(BaseConfig):
-    def __init__(self):
-        super().__init__()
-        self.merge(dict(batch_size=16, seed=3,
-            data=dict(name="synthetic", image_size=8, train_size=96, test_size=37, pad=1, prefetch=False),
-            model=dict(name="resnet20", base_width=4)))
-"""
+from tests.support.cli import TINY
 
 
 class RangeHandler(http.server.BaseHTTPRequestHandler):
@@ -134,7 +125,8 @@ def _bad_weights(folder):
             "truncated": (buf.getvalue()[:500], "truncated or corrupt")}
 
 
-def test_bad_weights_files_fail_with_one_error(tmp_path, monkeypatch):
+def _write_bad_zoo(tmp_path):
+    """A zoo of broken weights files (sha256 right) plus an entry without sha256."""
     entries = []
     for name, (data, _) in _bad_weights(tmp_path).items():
         (tmp_path / f"{name}.npz").write_bytes(data)
@@ -142,6 +134,10 @@ def test_bad_weights_files_fail_with_one_error(tmp_path, monkeypatch):
                         "sha256": _sha(tmp_path / f"{name}.npz")})
     entries.append({"name": "nosha", "config": "tiny.py", "weights": "pickled.npz"})
     _write_zoo(tmp_path, entries)
+
+
+def test_bad_weights_files_fail_with_one_error(tmp_path, monkeypatch):
+    _write_bad_zoo(tmp_path)
     monkeypatch.setenv("BASEBN_ZOO", str(tmp_path))
     for name, (_, says) in _bad_weights(tmp_path).items():
         with pytest.raises(CheckpointError, match=says):
@@ -158,13 +154,7 @@ def test_bad_weights_files_fail_with_one_error(tmp_path, monkeypatch):
 
 def test_cli_reports_bad_zoo_files_in_one_line(tmp_path):
     (tmp_path / "tiny.py").write_text(TINY)
-    entries = []
-    for name, (data, _) in _bad_weights(tmp_path).items():
-        (tmp_path / f"{name}.npz").write_bytes(data)
-        entries.append({"name": name, "config": "tiny.py", "weights": f"{name}.npz",
-                        "sha256": _sha(tmp_path / f"{name}.npz")})
-    entries.append({"name": "nosha", "config": "tiny.py", "weights": "pickled.npz"})
-    _write_zoo(tmp_path, entries)
+    _write_bad_zoo(tmp_path)
     env = dict(os.environ, PYTHONPATH=ROOT, BASEBN_ZOO=str(tmp_path))
     cases = {name: says for name, (_, says) in _bad_weights(tmp_path).items()}
     cases["nosha"] = "has no sha256"
