@@ -68,9 +68,9 @@ def test_user_errors_are_one_line(tiny, tmp_path):
     assert r.returncode == 2 and "did you mean 'solver.max_epoch'" in r.stderr and "Traceback" not in r.stderr
     r = run(["basebn.train", str(tmp_path / "missing.py")])
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
-    r = run(["basebn.train", tiny, "num_classes=3"])
+    r = run(["basebn.train", tiny, "num_classes=3", f"output_dir={tmp_path / 'run'}"])
     assert r.returncode == 2 and "num_classes" in r.stderr and "Traceback" not in r.stderr
-    r = run(["basebn.train", tiny, "data.name=fashion_mnist", f"data.root={tmp_path}"])
+    r = run(["basebn.train", tiny, "data.name=fashion_mnist", f"data.root={tmp_path}", f"output_dir={tmp_path / 'run'}"])
     assert r.returncode == 2 and str(tmp_path) in r.stderr and "Traceback" not in r.stderr
 
 
