@@ -46,6 +46,7 @@ def _parse(argv):
 
 @cli_main
 def main(argv=None):
+    """CLI entry: parse argv, evaluate, print the metrics (and a JSON line with --json); returns the exit code."""
     args = _parse(argv)
     setup_logging(None)
     if zoo_name(args.config) is not None:

@@ -40,6 +40,7 @@ __all__ = ["train", "main"]
 
 
 def seed_all(seed):
+    """Seed Python's, numpy's and MegEngine's generators."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     mge.random.seed(seed)
@@ -213,6 +214,7 @@ def _nonfinite_advice(run_dir):
 
 @cli_main
 def main(argv=None):
+    """CLI entry: parse argv, train (or launch GPU workers); returns the exit code."""
     args = _parse(argv)
     cfg = load_config(args.config, args.overrides)  # fail on bad keys before anything starts
     if args.devices > 1 or args.num_machines > 1:

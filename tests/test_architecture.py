@@ -1,5 +1,6 @@
 """The package's structure, read from the source: dependencies point one way, no import cycles, no imports
 inside functions except optional dependencies. Reference: the layering declared here (README 'Layout')."""
+import ast
 import importlib.util
 import os
 
@@ -53,3 +54,30 @@ def test_the_checker_sees_a_cycle_and_a_lazy_import(tmp_path):
     graph = {m: set(info["imports"]) - {m, "pkg"} for m, info in mods.items()}
     assert import_graph.cycles(graph) == [["pkg.a", "pkg.b"]]
     assert [(m, name) for m, _, name in import_graph.lazy_imports(mods)] == [("pkg.b", "pkg"), ("pkg.b", "json")]
+
+
+def _undocumented(path):
+    tree = ast.parse(open(path).read())
+    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+             and not n.name.startswith("_") and ast.get_docstring(n) is None]
+    doc = ast.get_docstring(tree)
+    if doc is None and not path.endswith("__init__.py"):
+        names.append("<module docstring>")
+    elif doc is not None and len(doc.splitlines()) > MAX_MODULE_DOC_LINES:
+        names.append(f"<module docstring of {len(doc.splitlines())} lines: design notes go to docs/>")
+    return names
+
+
+MAX_MODULE_DOC_LINES = 18
+
+
+def test_public_functions_and_classes_have_docstrings():
+    missing = {}
+    for folder, _, files in os.walk(os.path.join(ROOT, "basebn")):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                found = _undocumented(path)
+                if found:
+                    missing[os.path.relpath(path, ROOT)] = found
+    assert missing == {}

@@ -21,6 +21,7 @@ _FINAL_KEYS = ("model", "ema", "epoch", "config", "metrics")
 
 
 def epoch_file(epoch):
+    """Name of the checkpoint kept after epoch `epoch` (epoch_N.npz)."""
     return f"epoch_{int(epoch)}.npz"
 
 
@@ -86,6 +87,7 @@ def write_epoch_end(run_dir, payload, best, keep_epoch):
 
 
 def write_final(run_dir, payload):
+    """Write final.npz (weights, EMA, config, last metrics) atomically; returns its path."""
     path = os.path.join(run_dir, FINAL)
     save_checkpoint(path, final_payload(payload))
     return path

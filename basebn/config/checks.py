@@ -26,6 +26,7 @@ def _is_real(v):
 
 
 def integer(low=None, inf_ok=False):
+    """Rule: an int (bools excluded) >= low; inf too when inf_ok."""
     def rule(v):
         if inf_ok and _is_real(v) and v == math.inf:
             return None
@@ -50,12 +51,14 @@ def real(low=-math.inf, high=math.inf, low_open=False, high_open=False):
 
 
 def choice(*values):
+    """Rule: one of `values`."""
     def rule(v):
         return None if v in values else "one of " + ", ".join(repr(x) for x in values)
     return rule
 
 
 def optional(inner):
+    """Rule: None, or what `inner` accepts."""
     def rule(v):
         if v is None:
             return None
@@ -65,14 +68,17 @@ def optional(inner):
 
 
 def boolean(v):
+    """Rule: True or False (not 0/1)."""
     return None if isinstance(v, bool) else "True or False"
 
 
 def text(v):
+    """Rule: a non-empty string."""
     return None if isinstance(v, str) and v else "a non-empty string"
 
 
 def numbers_list(item_rule, length=None):
+    """Rule: a list/tuple (of `length` items, when given) whose items pass `item_rule`."""
     def rule(v):
         if not isinstance(v, (list, tuple)) or (length is not None and len(v) != length) or any(
                 item_rule(x) is not None for x in v):

@@ -65,6 +65,7 @@ def _check_type(key, value, default):
 
 
 def check_keys(flat, schema, source):
+    """Fail on the first key of flat config `flat` that the schema lacks or whose type differs."""
     for key, value in flat.items():
         if key not in schema:
             # a whole sub-dict given where the schema has one is fine only if its keys are known

@@ -35,6 +35,7 @@ def _decode(path: str, flag: int) -> np.ndarray:
 
 
 class ImageFolder(Dataset):
+    """Images in ROOT/{train,val}/CLASS/*.{jpg,png,...}; classes sorted by folder name."""
     name = "imagefolder"
 
     def __init__(self, root: str, train: bool = True, image_size: Optional[int] = None,

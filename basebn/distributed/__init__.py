@@ -1,25 +1,11 @@
-"""Collectives for the trainer, SyncBatchNorm, precise BN and evaluation.
+"""Collectives for the trainer, SyncBatchNorm, precise BN and evaluation, behind one API.
 
-Three backends behind one API:
-
-* ``"nccl"``: MegEngine's collectives (GPU). Processes come from
-  ``megengine.distributed.launcher``; rank/world from ``megengine.distributed``. Untested here
-  (no GPU in CI), see :mod:`basebn.distributed.nccl`.
-* ``"mpi"``: ``mpi4py`` on ``COMM_WORLD``; processes come from ``mpiexec -n K python ...``. This is
-  the multi-process path on CPU (``megengine.distributed`` only supports GPUs).
-* ``"none"``: one process; every collective is the identity (``all_gather`` adds a leading axis of
-  size 1).
-
-:func:`init` picks one (``"auto"``: nccl when ``megengine.distributed.is_distributed()``, else mpi
-when the environment says we run under an MPI launcher with more than one rank, else none). Every
-other function initialises with ``"auto"`` on first use, so single-process code needs no set-up.
-Importing this package never imports ``mpi4py``.
-
-Tensor collectives take a megengine Tensor (returning a Tensor of the same dtype on the same
-device) or anything numpy accepts (returning numpy, dtype kept). All ranks must call them in the
-same order with the same shapes and dtypes. :func:`count_collectives` / :func:`collective_count`
-count the tensor collectives issued through this module (with any backend, ``"none"`` included, so
-single-process tests can check how many a layer would issue).
+Backends: "nccl" (MegEngine's, GPU, processes from its launcher; not runnable here), "mpi" (mpi4py,
+processes from mpiexec: the CPU multi-process path) and "none" (one process, identity). init("auto")
+picks one from the environment; every function initialises on first use, and importing this package
+never imports mpi4py. Tensor collectives take a Tensor (Tensor out, same dtype and device) or numpy
+(numpy out); all ranks must call them in the same order with the same shapes. count_collectives()
+counts them with any backend, so single-process tests can check how many a layer would issue.
 """
 import contextlib
 import os
@@ -167,6 +153,7 @@ def shutdown():
 
 
 def is_initialized():
+    """True once a backend has been chosen (by init() or a first collective)."""
     return _impl is not None
 
 
@@ -185,18 +172,22 @@ def backend():
 
 # ------------------------------------------------------------------------------------- queries
 def get_rank():
+    """This process's rank (0 alone)."""
     return _get().rank
 
 
 def get_world_size():
+    """Number of processes in the job (1 alone)."""
     return _get().world_size
 
 
 def is_main_process():
+    """True on rank 0: the one that logs and writes files."""
     return _get().rank == 0
 
 
 def barrier(group=None):
+    """Wait until every rank (of `group`) reaches this call."""
     _get().barrier(group)
 
 

@@ -4,6 +4,7 @@ import numpy as np
 
 
 def is_tensor(x):
+    """True for a megengine Tensor."""
     return isinstance(x, mge.Tensor)
 
 

@@ -37,6 +37,7 @@ def _abort_on_uncaught_exception(comm):
 
 
 class MPIBackend:
+    """Collectives on mpi4py's COMM_WORLD (or a sub-communicator given as `group`)."""
     name = "mpi"
 
     def __init__(self):

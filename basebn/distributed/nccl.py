@@ -1,19 +1,8 @@
-"""The ``"nccl"`` backend: MegEngine's own collectives (GPU, processes from its launcher).
+"""The "nccl" backend: MegEngine's own collectives (GPU, processes from its launcher).
 
-UNTESTED ON GPU: this repository's CI has no GPU, so this path has only been reviewed against the
-MegEngine 1.13 sources (``megengine/distributed/functional.py``), never run. The MPI and
-single-process paths are the tested ones.
-
-``megengine.distributed`` must already be initialised (``init_process_group``, which
-``megengine.distributed.launcher`` does for each worker). Rank and world size come from
-``megengine.distributed``. A ``group`` is a ``megengine.distributed.Group`` (``None`` = WORLD) and
-``src``/``dst`` are global ranks that must belong to it.
-
-Tensor collectives use ``megengine.functional.distributed.{all_reduce_sum, all_gather,
-broadcast}``. numpy inputs are moved to the device for dtypes NCCL sums natively (float32, float16,
-int32) and summed on the host after an object all-gather otherwise (float64, int64, bool, ...), so
-the dtype is kept exactly. Objects are pickled into int32 tensors (all-gather of the lengths, then
-of the padded payloads).
+Not runnable here (no GPU in this environment or CI): reviewed against MegEngine 1.13's
+megengine/distributed/functional.py only. numpy inputs of dtypes NCCL cannot sum (float64, int64, bool)
+travel as pickled bytes in int32 tensors and are summed on the host, so dtypes are kept exactly.
 """
 import pickle
 
@@ -28,6 +17,7 @@ _DEVICE_SUM = {np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32)}
 
 
 class NCCLBackend:
+    """MegEngine's NCCL collectives; rank and world from megengine.distributed."""
     name = "nccl"
 
     def __init__(self):

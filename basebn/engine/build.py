@@ -26,6 +26,7 @@ def build_data(cfg, train=True):
 
 
 def build_model_from_cfg(cfg, in_channels):
+    """The model cfg.model names, with the BN settings of cfg.bn, for images of `in_channels` channels."""
     kw = dict(num_classes=cfg.num_classes, in_channels=in_channels, norm=cfg.model.norm, stem=cfg.model.stem,
               bn_momentum=cfg.bn.momentum, bn_eps=cfg.bn.eps, zero_init_residual=cfg.model.zero_init_residual)
     if cfg.model.stem == "small":
@@ -36,4 +37,5 @@ def build_model_from_cfg(cfg, in_channels):
 
 
 def example_input(dataset):
+    """A zero batch of two images shaped like `dataset`'s, for tracing the model."""
     return np.zeros((2, *dataset.image_shape), dtype=np.float32)

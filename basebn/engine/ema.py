@@ -1,29 +1,10 @@
 """Model EMA (timm's ModelEma; pycls/basecls momentum and schedule), vectorised.
 
-``ModelEMA(model, momentum)`` keeps ``ema.module``, a deep copy of ``model`` in eval mode (never
-attached to a GradManager), and ``ema.update(model)`` does ``e = m * e + (1 - m) * p`` for every
-parameter and floating-point buffer (BN running statistics included) of the model.
-
-**Vectorised.** Updating tensor by tensor costs a few small ops per tensor (hundreds per step on
-a ResNet, each paying its dispatch overhead). Here the averaged values live in ONE flat float32
-buffer (a megengine Tensor on the model's device). An update is one ``F.concat`` of the model's
-tensors (each viewed as 1-D), then ``e = m * e + (1 - m) * p`` on the flat buffers: a handful of
-ops whatever the model size. The EMA module's own tensors are refreshed from the flat buffer
-lazily, with ONE ``F.split``, only when ``ema.module`` is read (evaluation, checkpoints, precise
-BN). Reading ``ema.module`` hands the values back to the module, so whatever is done to it (precise
-BN rewriting its BN statistics, ``load_state_dict``) is picked up by the next update, which then
-re-reads the module's tensors (one extra concat).
-
-So: read ``ema.module`` again after updates rather than keeping a reference to it from before.
-
-``copy_buffers=True`` copies the buffers (BN running statistics) from the model instead of
-averaging them (timm's/basecls's option); integer buffers are always copied. With it, the update is
-still one expression: per-element weights ``(m, 1 - m)`` for averaged values and ``(0, 1)`` for
-copied ones.
-
-Schedule helpers: :func:`pycls_momentum` (momentum from alpha, the total batch size, the epoch count
-and the update period, as pycls/basecls) and :func:`ema_should_update` (copy before
-``start_epoch``, then update every ``update_period`` iterations).
+``ModelEMA(model, momentum)`` keeps ``ema.module``, an eval-mode copy, and ``ema.update(model)`` does
+``e = m * e + (1 - m) * p`` for every parameter and floating-point buffer in ONE flat buffer (a few ops
+whatever the model size). The module's tensors are refreshed from it lazily when ``ema.module`` is read:
+read ``ema.module`` again after updates rather than keeping an older reference. Design notes:
+docs/bn_design.md, "Model EMA".
 """
 import copy
 import weakref

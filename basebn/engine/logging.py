@@ -8,6 +8,7 @@ from .. import distributed as dist
 
 
 def setup_logging(run_dir=None):
+    """Rank 0 logs INFO to stderr (and RUN_DIR/log.txt when run_dir is given); other ranks warnings only."""
     logger.remove()
     rank = dist.get_rank()
     fmt = "<green>{time:HH:mm:ss}</green> " + (f"[rank {rank}] " if dist.get_world_size() > 1 else "") + "{message}"

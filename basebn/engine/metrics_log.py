@@ -16,6 +16,7 @@ METRICS = "metrics.jsonl"
 
 
 def metrics_path(run_dir):
+    """RUN_DIR/metrics.jsonl."""
     return os.path.join(run_dir, METRICS)
 
 

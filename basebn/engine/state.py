@@ -62,6 +62,7 @@ def optimizer_state(optimizer):
 
 
 def load_optimizer_state(optimizer, state):
+    """Load a numpy optimizer state (as saved by capture_training_state) into `optimizer`."""
     optimizer.load_state_dict(_to_tensor(state))
 
 

@@ -16,14 +16,17 @@ __all__ = ["ResNet", "resnet20", "resnet32", "resnet56", "resnet18", "resnet34",
 
 
 def conv3x3(cin, cout, stride=1):
+    """3x3 convolution, padding 1, no bias (basebn Conv2d: fast CPU weight gradient)."""
     return Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
 
 
 def conv1x1(cin, cout, stride=1):
+    """1x1 convolution, no bias."""
     return Conv2d(cin, cout, 1, stride=stride, bias=False)
 
 
 class BasicBlock(M.Module):
+    """Two 3x3 conv-BN layers and a residual add (ResNet-18/34 and the CIFAR ResNets); expansion 1."""
     expansion = 1
 
     def __init__(self, cin, width, stride, norm):
@@ -46,6 +49,7 @@ class BasicBlock(M.Module):
 
 
 class Bottleneck(M.Module):
+    """1x1 reduce, 3x3, 1x1 expand (x4), each with BN, and a residual add (ResNet-50); expansion 4."""
     expansion = 4
 
     def __init__(self, cin, width, stride, norm):
@@ -70,6 +74,7 @@ class Bottleneck(M.Module):
 
 
 class ResNet(M.Module):
+    """ResNet with torchvision key names (conv1, bn1, layer1.0.conv1, fc); "small" or "imagenet" stem."""
     def __init__(self, block, depths, widths, num_classes=10, in_channels=3, stem="small",
                  norm="BN", bn_momentum=0.9, bn_eps=1e-5, zero_init_residual=True, stem_stride=1):
         super().__init__()
@@ -135,24 +140,30 @@ def _imagenet(block, depths, base_width=64, stem="imagenet", **kw):
 
 
 def resnet20(**kw):
+    """CIFAR-style ResNet-20: 3 stages of 3 BasicBlocks, widths 16/32/64 (base_width scales them)."""
     return _cifar(20, **kw)
 
 
 def resnet32(**kw):
+    """CIFAR-style ResNet-32: 3 stages of 5 BasicBlocks."""
     return _cifar(32, **kw)
 
 
 def resnet56(**kw):
+    """CIFAR-style ResNet-56: 3 stages of 9 BasicBlocks."""
     return _cifar(56, **kw)
 
 
 def resnet18(**kw):
+    """ResNet-18: BasicBlocks [2, 2, 2, 2], widths 64-512, ImageNet stem by default."""
     return _imagenet(BasicBlock, [2, 2, 2, 2], **kw)
 
 
 def resnet34(**kw):
+    """ResNet-34: BasicBlocks [3, 4, 6, 3]."""
     return _imagenet(BasicBlock, [3, 4, 6, 3], **kw)
 
 
 def resnet50(**kw):
+    """ResNet-50: Bottlenecks [3, 4, 6, 3]."""
     return _imagenet(Bottleneck, [3, 4, 6, 3], **kw)

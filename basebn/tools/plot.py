@@ -22,6 +22,7 @@ __all__ = ["read_metrics", "plot_curves", "bn_drift", "plot_bn_stats", "main"]
 
 
 def read_metrics(run_dir):
+    """A run's metrics.jsonl rows (partial or corrupt lines dropped)."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: is {run_dir!r} a basebn run directory?")
@@ -39,6 +40,7 @@ def _pyplot():
 
 
 def plot_curves(run_dirs, out_path):
+    """Test loss and top-1 per epoch of each run (EMA dashed) into `out_path`; returns the path."""
     plt = _pyplot()
     fig, (ax_loss, ax_top1) = plt.subplots(1, 2, figsize=(11, 4))
     for run in run_dirs:
@@ -123,6 +125,7 @@ def _bn_series_for_run(run_dir, num_samples):
 
 
 def main(argv=None):
+    """CLI entry: draw curves.png (and bn_stats.png with --bn-stats); returns the exit code."""
     p = argparse.ArgumentParser(prog="python -m basebn.tools.plot", description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", default=None, help="output folder (default: the first run directory)")

@@ -38,6 +38,7 @@ def _overrides(run_cfg, config_path):
 
 
 def render_readme(entries):
+    """zoo/README.md text: one table row per entry."""
     lines = ["# basebn model zoo", "",
              "Evaluate: `python -m basebn.test zoo:NAME --json`. Fine-tune: "
              "`python -m basebn.train CONFIG model.weights=zoo:NAME`.", "",
@@ -85,6 +86,7 @@ def entry_config(config):
 
 
 def build_parser():
+    """The exporter's argparse parser (tests parse the recorded commands with it)."""
     p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
     p.add_argument("run_dir")
     p.add_argument("name")
@@ -100,6 +102,7 @@ def build_parser():
 
 @cli_main
 def main(argv=None):
+    """CLI entry: export, then add/replace the entry in zoo.json and zoo/README.md atomically."""
     args = build_parser().parse_args(argv)
     # an index that exists must be readable: a malformed one fails here, before anything is written
     entries = list_entries() if os.path.isfile(zoo_index_path()) else []

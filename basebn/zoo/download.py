@@ -10,6 +10,7 @@ __all__ = ["download", "cache_dir"]
 
 
 def cache_dir():
+    """Where downloaded zoo weights go: $BASEBN_CACHE, else ~/.cache/basebn/zoo."""
     return os.environ.get("BASEBN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "basebn", "zoo"))
 
 

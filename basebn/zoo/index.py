@@ -35,6 +35,7 @@ def zoo_dir():
 
 
 def zoo_index_path():
+    """Path of zoo.json in zoo_dir()."""
     return os.path.join(zoo_dir(), "zoo.json")
 
 
@@ -56,6 +57,7 @@ def list_entries():
 
 
 def get_entry(name):
+    """The zoo.json entry called `name`; an unknown name fails listing the known ones."""
     entries = list_entries()
     for e in entries:
         if e["name"] == name:
