@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 
+from ..cli import cli_main
 from ..config import BaseConfig
 from ..engine.build import build_data, build_model_from_cfg
 from ..layers.precise_bn import collect_bn_population_stats
@@ -124,6 +125,7 @@ def _bn_series_for_run(run_dir, num_samples):
     return series
 
 
+@cli_main
 def main(argv=None):
     """CLI entry: draw curves.png (and bn_stats.png with --bn-stats); returns the exit code."""
     p = argparse.ArgumentParser(prog="python -m basebn.tools.plot", description=__doc__.split("\n")[0])
