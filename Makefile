@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup quickstart test test-fast bench clean-venv
+.PHONY: setup quickstart test test-fast test-flaky bench clean-venv
 
 $(STAMP): setup.py
 	@PY310=$$(scripts/find_python310.sh) || exit 1; \
@@ -18,11 +18,15 @@ quickstart: $(STAMP)
 	$(PY) -m basebn.test configs/quickstart.py -w runs/quickstart
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not megengine_flaky" tests
+
+# checks MegEngine 1.13's CPU gradient bug makes unreliable (tests/models/test_model_bn_features.py)
+test-flaky: $(STAMP)
+	$(PY) -m pytest -q -m megengine_flaky tests
 
 # the inner loop: no mpiexec launches, no package installs, no long runs
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not mpi and not slow" tests
+	$(PY) -m pytest -q -m "not mpi and not slow and not megengine_flaky" tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -3,6 +3,7 @@
 RULES maps each flat key of the defaults to a rule; a test checks that no key is left without one.
 A rule is a callable returning None when the value is fine, else what the value must be.
 """
+import difflib
 import math
 import numbers
 
@@ -102,7 +103,11 @@ def _dataset_name(v):
 
 def _model_name(v):
     names = list_models()
-    return None if v in names else "one of " + ", ".join(names)
+    if v in names:
+        return None
+    close = difflib.get_close_matches(str(v), names, n=4, cutoff=0.6)
+    hint = f" (closest: {', '.join(close)})" if close else f" (e.g. {', '.join(names[:6])})"
+    return f"one of the {len(names)} names of basebn.models.list_models(){hint}"
 
 
 RULES = {
@@ -156,8 +161,8 @@ RULES = {
     "model_ema.start_epoch": integer(0),
     "model_ema.alpha": optional(real(0, low_open=True)),
     "model_ema.copy_buffers": boolean,
-    "bn.momentum": real(0, 1),
-    "bn.eps": real(0, low_open=True),
+    "bn.momentum": optional(real(0, 1)),
+    "bn.eps": optional(real(0, low_open=True)),
     "bn.precise_every_n_epoch": every_n_epochs,
     "bn.num_samples_precise": integer(1),
     "bn.precise_method": choice("pooled", "batch_average"),

@@ -40,9 +40,10 @@ DEFAULTS = dict(
         prefetch=True,
     ),
     model=dict(
-        # resnet20/32/56 (CIFAR-style), resnet18/34/50 (ImageNet-style)
+        # any name of basebn.models.list_models() (basecls's names; python -m basebn.tools.summary --list)
         name="resnet20",
-        # "small": 3x3/1 stem for 28-32 px inputs; "imagenet": 7x7/2 conv + max-pool
+        # basebn's ResNets only (resnet20/32/44/56/110, resnet18/34/50): "small" = 3x3 stem for 28-32 px
+        # inputs, "imagenet" = 7x7/2 conv + max-pool
         stem="small",
         # stride of the "small" stem (2 quarters the compute on 28 px inputs)
         stem_stride=1,
@@ -52,6 +53,7 @@ DEFAULTS = dict(
         norm="BN",
         # start from these weights: a checkpoint file, a run directory, or zoo:NAME
         weights=None,
+        # basebn's ResNets: each residual branch's last BN starts at gamma 0
         zero_init_residual=True,
     ),
     loss=dict(
@@ -104,9 +106,10 @@ DEFAULTS = dict(
         copy_buffers=False,
     ),
     bn=dict(
-        # BN running-stat momentum (MegEngine convention: running = m * running + (1 - m) * batch)
-        momentum=0.9,
-        eps=1e-5,
+        # BN running-stat momentum (MegEngine convention: running = m * running + (1 - m) * batch) and eps
+        # for every BN layer; None = the model family's own (0.9 / 1e-5 for ResNets, 0.99 / 1e-3 EfficientNet)
+        momentum=None,
+        eps=None,
         # precise BN every N epochs; inf = off, -1 = after the last epoch only
         precise_every_n_epoch=float("inf"),
         num_samples_precise=8192,

@@ -4,7 +4,7 @@ import numpy as np
 from .. import distributed as dist
 from ..config import load_config
 from ..data import build_dataset, build_loader, validate_dataset
-from ..models import build_model
+from ..models import build_model, model_info
 from ..zoo import zoo_config_source
 
 __all__ = ["build_data", "build_model_from_cfg", "example_input", "zoo_config"]
@@ -25,14 +25,24 @@ def build_data(cfg, train=True):
     return ds, loader
 
 
+# families built by basebn's ResNet class, the only ones that take model.stem/stem_stride/base_width
+_RESNET_FAMILIES = ("resnet", "cifar_resnet")
+
+
 def build_model_from_cfg(cfg, in_channels):
-    """The model cfg.model names, with the BN settings of cfg.bn, for images of `in_channels` channels."""
-    kw = dict(num_classes=cfg.num_classes, in_channels=in_channels, norm=cfg.model.norm, stem=cfg.model.stem,
-              bn_momentum=cfg.bn.momentum, bn_eps=cfg.bn.eps, zero_init_residual=cfg.model.zero_init_residual)
-    if cfg.model.stem == "small":
-        kw["stem_stride"] = cfg.model.stem_stride
-    if cfg.model.base_width is not None:
-        kw["base_width"] = cfg.model.base_width
+    """The model cfg.model names, with the BN settings of cfg.bn, for images of `in_channels` channels.
+
+    bn.momentum/bn.eps None keep the family's own defaults (e.g. EfficientNet's); the stem and width keys
+    apply to basebn's ResNets only.
+    """
+    kw = dict(num_classes=cfg.num_classes, in_channels=in_channels, norm=cfg.model.norm,
+              bn_momentum=cfg.bn.momentum, bn_eps=cfg.bn.eps)
+    if model_info(cfg.model.name)["family"] in _RESNET_FAMILIES:
+        kw.update(stem=cfg.model.stem, zero_init_residual=cfg.model.zero_init_residual)
+        if cfg.model.stem == "small":
+            kw["stem_stride"] = cfg.model.stem_stride
+        if cfg.model.base_width is not None:
+            kw["base_width"] = cfg.model.base_width
     return build_model(cfg.model.name, **kw)
 
 

@@ -1,8 +1,9 @@
-"""Layers, BN ops and model-level BN tools; each in its own module, the BN API re-exported here.
+"""Layers, BN ops and model-level BN tools; each in its own module, the public API re-exported here.
 
 BN modules import one way (docs/bn_design.md): precise_bn, convert -> conv_bn -> graph -> norm ->
 sync_bn, frozen_bn -> bn_ops, moments, conv, module_tree.
 """
+from .activation import HSigmoid, HSwish, ReLU6, Swish, build_activation  # noqa: F401
 from .bn_ops import (  # noqa: F401
     backend as bn_backend,
     bn_backward_elemt,
@@ -19,13 +20,19 @@ from .conv_bn import (  # noqa: F401
     fold_conv_bn,
     fuse_conv_bn,
 )
+from .channel_shuffle import channel_shuffle, shuffle_split  # noqa: F401
+from .conv_norm_act import ConvNormAct, padded_conv  # noqa: F401
 from .convert import (  # noqa: F401
     convert_frozen_batchnorm,
     convert_sync_batchnorm,
     convert_to_batchnorm,
     revert_sync_batchnorm,
 )
+from .divisible import make_divisible  # noqa: F401
+from .drop_path import DropPath, drop_path  # noqa: F401
 from .frozen_bn import FrozenBatchNorm2d  # noqa: F401
 from .norm import build_norm, bn_layers, is_bn, is_norm, uses_running_stats  # noqa: F401
+from .pooling import AdaptiveAvgPool2d, GlobalAvgPool2d  # noqa: F401
 from .precise_bn import collect_bn_population_stats, update_bn_stats  # noqa: F401
+from .se import SqueezeExcite, se_width  # noqa: F401
 from .sync_bn import SyncBatchNorm, local_statistics  # noqa: F401

@@ -126,7 +126,7 @@ def test_config_derives_relative_to_its_own_file(tmp_path, monkeypatch):
     ("solver.max_epoch=inf", "solver.max_epoch", "integer >= 1"),
     ("solver.max_epoch=1.5", "solver.max_epoch", "integer >= 1"),
     ("batch_size=2.5", "batch_size", "integer >= 1"),
-    ("model.name=resnet99", "model.name", "resnet20"),
+    ("model.name=resnet99", "model.name", "list_models() (closest: resnet56"),
     ("model.norm=BatchNorm", "model.norm", "'SyncBN'"),
     ("model.stem=foo", "model.stem", "'imagenet'"),
     ("data.image_size=2", "data.image_size", "integer >= 8"),

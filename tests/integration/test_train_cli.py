@@ -286,3 +286,16 @@ def test_export_refuses_a_malformed_zoo_index_and_leaves_it(reference, tmp_path)
     assert r.returncode == 2 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert (tmp_path / "zoo.json").read_text() == '{"entries": ['
     assert sorted(os.listdir(tmp_path)) == ["zoo.json"]
+
+
+@pytest.mark.parametrize("name", ["mbnetv2_x035", "regnetx_002"])
+def test_other_model_families_train_and_evaluate_from_the_cli(tiny, tmp_path, name):
+    """model.name takes any family: the ResNet-only keys (stem, base_width) are not passed to it."""
+    run_dir = str(tmp_path / "run")
+    r = run(["basebn.train", tiny, f"model.name={name}", "data.image_size=16", "solver.max_epoch=1",
+             f"output_dir={run_dir}"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    (row,) = metrics(run_dir)
+    assert row["epoch"] == 1 and row["images"] == 37
+    r = run(["basebn.test", tiny, f"model.name={name}", "data.image_size=16", "-w", run_dir, "--json"])
+    assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["top1"] == pytest.approx(row["top1"])

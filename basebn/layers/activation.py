@@ -1,0 +1,61 @@
+"""Activation modules by basecls's names: :func:`build_activation` ("relu", "relu6", "silu"/"swish", "hswish", ...).
+
+The modules hold no parameters except PReLU's, so swapping one never changes a state dict.
+"""
+import megengine.functional as F
+import megengine.module as M
+
+__all__ = ["HSigmoid", "HSwish", "ReLU6", "Swish", "ACTIVATIONS", "build_activation"]
+
+
+class HSigmoid(M.Module):
+    """Hard sigmoid: relu6(x + 3) / 6."""
+
+    def forward(self, x):
+        return F.hsigmoid(x)
+
+
+class HSwish(M.Module):
+    """Hard swish: x * relu6(x + 3) / 6 (MobileNetV3)."""
+
+    def forward(self, x):
+        return F.hswish(x)
+
+
+class ReLU6(M.Module):
+    """min(max(x, 0), 6) (MobileNetV2)."""
+
+    def forward(self, x):
+        return F.relu6(x)
+
+
+class Swish(M.Module):
+    """x * sigmoid(x), also called SiLU (EfficientNet)."""
+
+    def forward(self, x):
+        return F.silu(x)
+
+
+ACTIVATIONS = {
+    "relu": M.ReLU,
+    "relu6": ReLU6,
+    "silu": Swish,
+    "swish": Swish,
+    "hswish": HSwish,
+    "hsigmoid": HSigmoid,
+    "sigmoid": M.Sigmoid,
+    "gelu": M.GELU,
+    "leaky_relu": M.LeakyReLU,
+    "prelu": M.PReLU,
+}
+
+
+def build_activation(name):
+    """A new activation module for `name` (a key of ACTIVATIONS); None gives Identity, a callable is called."""
+    if name is None:
+        return M.Identity()
+    if callable(name):
+        return name()
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}: use one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]()

@@ -1,0 +1,23 @@
+"""Channel shuffle (ShuffleNet): interleave channel groups so information crosses branches."""
+import megengine.functional as F
+
+__all__ = ["channel_shuffle", "shuffle_split"]
+
+
+def channel_shuffle(x, groups=2):
+    """(N, C, H, W) -> same shape with channel g*(C/groups)+i moved to i*groups+g."""
+    n, c, h, w = x.shape
+    if c % groups:
+        raise ValueError(f"channel_shuffle: {c} channels do not split into {groups} groups")
+    x = x.reshape(n, groups, c // groups, h, w)
+    return F.transpose(x, (0, 2, 1, 3, 4)).reshape(n, c, h, w)
+
+
+def shuffle_split(x):
+    """ShuffleNetV2's channel shuffle fused with the next unit's split (Megvii's official code):
+    (even channels, odd channels) of `x`, each (N, C/2, H, W), in one reshape."""
+    n, c, h, w = x.shape
+    if c % 2:
+        raise ValueError(f"shuffle_split: {c} channels is odd")
+    x = x.reshape(n, c // 2, 2, h, w)
+    return x[:, :, 0], x[:, :, 1]

@@ -1,0 +1,131 @@
+"""python -m basebn.tools.summary NAME [--input 224] [--num-classes 1000] [--in-channels 3] [--json]
+
+Prints a model's parameter count, multiply-accumulates (MACs) for one image, the output shape of
+each top-level stage and a signature of its state-dict layout (sha256 of the sorted key/shape
+list), from one 1-image forward in eval mode with forward hooks. MACs count convs
+(out_h * out_w * out_channels * in_channels / groups * kh * kw) and linear layers (in * out);
+norms, activations, pooling and additions are not counted (as pycls / fvcore report "flops").
+"""
+import argparse
+import hashlib
+import json
+import sys
+
+import numpy as np
+
+import megengine as mge
+import megengine.module as M
+
+from ..models import build_model, list_models, model_info
+
+__all__ = ["conv_macs", "linear_macs", "count_params", "state_dict_sha256", "summarize", "main"]
+
+
+def conv_macs(conv, output):
+    """MACs of Conv2d `conv` producing `output` (N, C, H, W), per image."""
+    _, cout, h, w = output.shape
+    cin_per_group, kh, kw = conv.weight.shape[-3:]
+    return int(h * w * cout * cin_per_group * kh * kw)
+
+
+def linear_macs(linear, output):
+    """MACs of Linear `linear` producing `output` (N, ..., out), per image."""
+    rows = int(np.prod(output.shape[1:-1])) if output.ndim > 2 else 1
+    return int(rows * linear.in_features * linear.out_features)
+
+
+def count_params(model):
+    """Number of parameters (not buffers) of `model`."""
+    return int(sum(p.size for p in model.parameters()))
+
+
+def state_dict_sha256(model):
+    """sha256 of the JSON list of sorted [key, shape] pairs of `model`'s state dict: equal for two models
+    whose checkpoints load into each other key for key."""
+    items = sorted([k, [int(d) for d in v.shape]] for k, v in model.state_dict().items())
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+
+def _shape(out):
+    return tuple(out.shape) if isinstance(out, mge.Tensor) else None
+
+
+def summarize(model, input_size, in_channels=3):
+    """``dict(params, macs, input, stages, layers, state_dict_sha256)`` for one `in_channels` x
+    `input_size` x `input_size` image: stages = [(child name, output shape)], layers = [(name, "conv" or
+    "linear", MACs)]. `model`'s train/eval flags are restored."""
+    names = {id(m): n for n, m in model.named_modules()}
+    layers, stages, handles = [], [], []
+
+    def on_layer(module, inputs, output):
+        kind = "conv" if isinstance(module, M.Conv2d) else "linear"
+        macs = conv_macs(module, output) if kind == "conv" else linear_macs(module, output)
+        layers.append((names[id(module)], kind, macs))
+
+    def on_stage(module, inputs, output):
+        stages.append((names[id(module)], _shape(output)))
+
+    for _, m in model.named_modules():
+        if isinstance(m, (M.Conv2d, M.Linear)):
+            handles.append(m.register_forward_hook(on_layer))
+    for name, child in model.named_children():
+        handles.append(child.register_forward_hook(on_stage))
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        model(mge.tensor(np.zeros((1, in_channels, input_size, input_size), np.float32)))
+    finally:
+        for h in handles:
+            h.remove()
+        for m, flag in flags:
+            m.training = flag
+    return dict(params=count_params(model), macs=sum(m for _, _, m in layers), input=(1, in_channels, input_size,
+                input_size), stages=stages, layers=layers, state_dict_sha256=state_dict_sha256(model))
+
+
+def _human(n):
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3f} {unit}"
+    return str(n)
+
+
+def _print(name, info, out):
+    out.write(f"{name}: input {info['input']}\n")
+    out.write(f"  parameters  {info['params']:,} ({_human(info['params'])})\n")
+    out.write(f"  MACs        {info['macs']:,} ({_human(info['macs'])})\n")
+    out.write(f"  state dict  sha256 {info['state_dict_sha256'][:16]}... (sorted key/shape list)\n")
+    out.write("  stage outputs:\n")
+    for stage, shape in info["stages"]:
+        out.write(f"    {stage:<12} {shape}\n")
+
+
+def main(argv=None, out=None):
+    """The command line (see the module docstring); writes to `out` (default stdout), returns the exit code."""
+    out = out or sys.stdout
+    p = argparse.ArgumentParser(prog="python -m basebn.tools.summary", description=__doc__.split("\n")[2])
+    p.add_argument("name", help="model name (see --list)", nargs="?")
+    p.add_argument("--input", type=int, default=None, help="square input size (default: the model's)")
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--in-channels", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--list", action="store_true", help="list the model names and exit")
+    args = p.parse_args(argv)
+    if args.list or not args.name:
+        out.write("\n".join(list_models()) + "\n")
+        return 0
+    if args.name not in list_models():
+        p.error(f"unknown model {args.name!r} (see --list)")
+    size = args.input or model_info(args.name)["input_size"]
+    model = build_model(args.name, num_classes=args.num_classes, in_channels=args.in_channels)
+    info = summarize(model, size, args.in_channels)
+    if args.json:
+        info = dict(info, name=args.name, layers=len(info["layers"]))
+        out.write(json.dumps(info) + "\n")
+    else:
+        _print(args.name, info, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
