@@ -31,6 +31,7 @@ from basebn.layers.conv import Conv2d as FastConv2d
 from basebn.layers.conv import fast_cpu_weight_grad
 from basebn.layers.norm import is_bn2d
 from basebn.models import resnet20
+from tests.support.megengine_bug import first_repeated
 
 TOL = 1e-5
 
@@ -83,21 +84,12 @@ def _same(a, b):
 
 
 def reference_run(model, x, seed=1, max_runs=16):
-    """forward_backward of a plain model in eval mode: the first result that two runs give bitwise.
-
-    MegEngine 1.13's inference-mode BatchNorm backward sometimes returns wrong weight/bias gradients
-    on CPU (seen standalone, no basebn code involved): ~1% of calls for one layer, 9 of 40 calls for
-    the 21 BN layers of ResNet-20. A reference must not be one of those. The wrong results differ from
-    run to run (all 9 distinct) while the true one repeats, so any two identical runs -- not
-    necessarily consecutive -- give the true result.
-    """
-    runs = []
-    for _ in range(max_runs):
-        run = forward_backward(model, x, seed)
-        if any(_same(run, earlier) for earlier in runs):
-            return run
-        runs.append(run)
-    raise AssertionError(f"plain reference not reproducible: {max_runs} runs, all different")
+    """forward_backward of a plain model in eval mode: the first result that two runs give bitwise
+    (tests/support/megengine_bug.py: ~1% of calls for one BN layer, 9 of 40 for ResNet-20's 21)."""
+    run = first_repeated(lambda: forward_backward(model, x, seed), _same, max_runs)
+    if run is None:
+        raise AssertionError(f"plain reference not reproducible: {max_runs} runs, all different")
+    return run
 
 
 def assert_same_run(a, b):

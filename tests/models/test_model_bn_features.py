@@ -33,6 +33,7 @@ from basebn.models import build_model, model_info
 from basebn.models.repvgg import RepVGGBlock
 from basebn.models.weight_init import last_norms
 from basebn.models.wide_resnet import WideBasicBlock
+from tests.support.megengine_bug import first_repeated
 
 RTOL = 1e-4
 
@@ -126,20 +127,9 @@ def _agree(a, b, rtol=RTOL):
 
 
 def reference_run(model, x, head, max_runs=8):
-    """output_and_grads of the plain model: the first result two runs agree on (to RTOL), or None.
-
-    MegEngine 1.13 on CPU now and then returns wrong gradients for (1, C, 1, 1) parameters -- often
-    in eval-mode BatchNorm backward (4 of 6 runs of effnet_b0 at half width), also for a plain
-    broadcast affine after a conv; see tests/layers/test_conv_bn.py, reference_run. Wrong results
-    differ from run to run, the true one repeats.
-    """
-    runs = []
-    for _ in range(max_runs):
-        run = output_and_grads(model, x, head)
-        if any(_agree(run, earlier) for earlier in runs):
-            return run
-        runs.append(run)
-    return None
+    """output_and_grads of the plain model: the first result two runs agree on (to RTOL), or None
+    (tests/support/megengine_bug.py; on effnet_b0 at half width 4 of 6 runs were wrong)."""
+    return first_repeated(lambda: output_and_grads(model, x, head), _agree, max_runs)
 
 
 def assert_same_eval_gradients(model, plain, x, head, rounds=4, attempts=3):
