@@ -227,14 +227,15 @@ def test_activations_and_widths():
     assert se(mge.tensor(np.ones((1, 8, 3, 3), np.float32))).shape == (1, 8, 3, 3)
 
 
-@pytest.mark.parametrize("name, head", [("resnet20", "fc"), ("mbnetv3_small_x100", "head.fc"),
-                                        ("vgg11_bn", "head.classifier.6"), ("regnetx_002", "head.fc")])
-def test_weights_of_another_class_count_keep_a_new_head(tmp_path, name, head):
+@pytest.mark.parametrize("name, head, kwargs", [("resnet20", "fc", {}), ("mbnetv3_small_x100", "head.fc", {}),
+                                                ("vgg11_bn", "head.classifier.6", dict(head_width=64)),
+                                                ("regnetx_002", "head.fc", {})])
+def test_weights_of_another_class_count_keep_a_new_head(tmp_path, name, head, kwargs):
     """Fine-tuning from weights trained for 10 classes into a 7-class model: only the classifier is new."""
-    source = build_model(name, num_classes=10)
+    source = build_model(name, num_classes=10, **kwargs)
     path = str(tmp_path / "w.npz")
     save_npz_weights(path, {k: np.asarray(v) for k, v in source.state_dict().items()})
-    target = build_model(name, num_classes=7)
+    target = build_model(name, num_classes=7, **kwargs)
     before = {k: np.asarray(v).copy() for k, v in target.state_dict().items()}
     load_weights(target, path, allow_new_head=True)
     after = target.state_dict()
