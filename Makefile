@@ -14,7 +14,7 @@ $(STAMP): setup.py
 setup: $(STAMP)
 
 quickstart: $(STAMP)
-	$(PY) -m basebn.train configs/quickstart.py output_dir=runs/quickstart
+	$(PY) -m basebn.train configs/quickstart.py output_dir=runs/quickstart --restart
 	$(PY) -m basebn.test configs/quickstart.py -w runs/quickstart
 
 test: $(STAMP)
