@@ -8,7 +8,6 @@ BN defaults: momentum 0.99, eps 1e-3 (the paper's; PyTorch momentum 0.01). basec
 import math
 from numbers import Real
 
-import megengine.module as M
 
 from ..layers.activation import build_activation
 from ..layers.conv_norm_act import padded_conv
@@ -17,19 +16,19 @@ from ..layers.drop_path import DropPath
 from ..layers.se import SqueezeExcite, se_width
 from .anynet import AnyStage, SimpleStem, StagedNet, linear_drop_path_probs
 from .heads import ClsHead
-from .mbnet import MBConv
+from .mbnet import InvertedResidual, MBConv
 from .norm_factory import norm_factory
 
 __all__ = ["FuseMBConv", "EffNet", "EFFNET_NAMES", "build_effnet"]
 
 
-class FuseMBConv(M.Module):
+class FuseMBConv(InvertedResidual):
     """[kxk expand (stride), norm, act], [SE], [1x1 project, norm] -- or, with exp_r 1, one kxk conv, norm, act."""
 
     def __init__(self, w_in, w_out, stride, norm_layer, act="silu", kernel=3, exp_r=1.0, se_r=0.0,
                  has_skip=True, drop_path_prob=0.0, **unused):
         super().__init__()
-        w_mid, self.exp = w_in, None
+        w_mid, self.exp, self.dwise = w_in, None, None
         if exp_r != 1.0:
             w_mid = int(w_in * exp_r)
             self.exp = padded_conv(w_in, w_mid, kernel, stride=stride)
@@ -42,22 +41,6 @@ class FuseMBConv(M.Module):
         self.proj_act = build_activation(act) if fused else None
         self.has_skip = has_skip and w_in == w_out and stride == 1
         self.drop_path = DropPath(drop_path_prob) if self.has_skip else None
-
-    def last_norm(self):
-        return self.proj_bn if self.has_skip else None
-
-    def forward(self, x):
-        x_p = x
-        if self.exp is not None:
-            x = self.exp_act(self.exp_bn(self.exp(x)))
-        if self.se is not None:
-            x = self.se(x)
-        x = self.proj_bn(self.proj(x))
-        if self.proj_act is not None:
-            x = self.proj_act(x)
-        if self.has_skip:
-            x = self.drop_path(x) + x_p
-        return x
 
 
 class EffNet(StagedNet):

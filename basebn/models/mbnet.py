@@ -18,10 +18,34 @@ from .anynet import AnyStage, SimpleStem, StagedNet, linear_drop_path_probs
 from .heads import ClsHead, MBV3Head
 from .norm_factory import norm_factory
 
-__all__ = ["MBConv", "MBNet", "MBNET_CONFIGS", "MBNET_NAMES", "build_mbnet"]
+__all__ = ["InvertedResidual", "MBConv", "MBNet", "MBNET_CONFIGS", "MBNET_NAMES", "build_mbnet"]
 
 
-class MBConv(M.Module):
+class InvertedResidual(M.Module):
+    """[expand, norm, act], [depthwise, norm, act], [SE], project, norm, [act], [drop path + skip]: the forward
+    MBConv and FuseMBConv share (FuseMBConv has no depthwise step: dwise is None)."""
+
+    def last_norm(self):
+        """The projection norm when the block is residual (zero-init target), else None."""
+        return self.proj_bn if self.has_skip else None
+
+    def forward(self, x):
+        x_p = x
+        if self.exp is not None:
+            x = self.exp_act(self.exp_bn(self.exp(x)))
+        if self.dwise is not None:
+            x = self.dwise_act(self.dwise_bn(self.dwise(x)))
+        if self.se is not None:
+            x = self.se(x)
+        x = self.proj_bn(self.proj(x))
+        if self.proj_act is not None:
+            x = self.proj_act(x)
+        if self.has_skip:
+            x = self.drop_path(x) + x_p
+        return x
+
+
+class MBConv(InvertedResidual):
     """Inverted residual block. SE width: `se_rule` applied to the expanded width (`se_from_exp`) or the input."""
 
     def __init__(self, w_in, w_out, stride, norm_layer, act="relu6", kernel=3, exp_r=1.0, se_r=0.0,
@@ -41,24 +65,6 @@ class MBConv(M.Module):
         self.proj_act = build_activation(act) if has_proj_act else None
         self.has_skip = has_skip and w_in == w_out and stride == 1
         self.drop_path = DropPath(drop_path_prob) if self.has_skip else None
-
-    def last_norm(self):
-        """The projection norm when the block is residual (zero-init target), else None."""
-        return self.proj_bn if self.has_skip else None
-
-    def forward(self, x):
-        x_p = x
-        if self.exp is not None:
-            x = self.exp_act(self.exp_bn(self.exp(x)))
-        x = self.dwise_act(self.dwise_bn(self.dwise(x)))
-        if self.se is not None:
-            x = self.se(x)
-        x = self.proj_bn(self.proj(x))
-        if self.proj_act is not None:
-            x = self.proj_act(x)
-        if self.has_skip:
-            x = self.drop_path(x) + x_p
-        return x
 
 
 def _per_block(value, depth):
