@@ -1,5 +1,8 @@
 from setuptools import find_packages, setup
 
+# ONNX export and onnxruntime evaluation (python -m basebn.deploy); versions that run with numpy<2 on 3.10
+DEPLOY = ["onnx>=1.16,<1.18", "onnxruntime>=1.18,<1.21"]
+
 setup(
     name="basebn",
     version="0.1.0",
@@ -17,11 +20,17 @@ setup(
         "numpy<2",  # MegEngine's extension fails to import under numpy 2
         "opencv-python<4.11",  # 4.11+ needs numpy 2
         "loguru",
-        "ninja",  # builds the custom BN ops on first use
+        "ninja",  # builds the custom BN and conv ops on first use
+        # oneDNN 3.2 (GNU OpenMP build) for the CPU convolution ops; the 2026 wheels need a SYCL runtime
+        "onednn-cpu-gomp==2023.2.0",
+        "onednn-devel-cpu-gomp==2023.2.0",
+        "pillow",  # image decoding (WebP, CMYK) and the AutoAugment/RandAugment ops, as timm
+        "safetensors",  # timm:/Hugging Face weights, read with its numpy API (no torch)
     ],
     extras_require={
         "mpi": ["mpi4py", "mpich"],
         "plot": ["matplotlib"],
-        "test": ["pytest", "mpi4py", "mpich", "matplotlib"],
+        "deploy": DEPLOY,
+        "test": ["pytest", "mpi4py", "mpich", "matplotlib"] + DEPLOY,
     },
 )

@@ -14,8 +14,8 @@ _spec.loader.exec_module(import_graph)
 
 # bottom to top: a package may import only packages before it
 LAYERS = ["basebn.utils", "basebn.distributed", "basebn.layers", "basebn.data", "basebn.checkpoint", "basebn.zoo",
-          "basebn.models", "basebn.config", "basebn.engine", "basebn.cli", "basebn.train", "basebn.test",
-          "basebn.tools"]
+          "basebn.models", "basebn.config", "basebn.engine", "basebn.cli", "basebn.train", "basebn.deploy",
+          "basebn.test", "basebn.tools"]
 
 
 @pytest.fixture(scope="module")
