@@ -17,7 +17,11 @@ on NCHW float32 tensors:
     mge       MegEngine 1.13's own CPU conv: Convolution, ConvolutionBackwardData and
               ConvolutionBackwardFilter (the ops GradManager runs for F.conv2d), on
               `cpu0` (1 thread) or `multithread2:0` (2 threads)
-    basebn    basebn's current path: MegEngine fwd and bwd-data, numpy `conv_weight_grad` for bwd-w
+    basebn    basebn's old path (now the fallback without oneDNN): MegEngine fwd and bwd-data, numpy
+              `conv_weight_grad` for bwd-w
+    basebn-op basebn's oneDNN custom ops (basebn/kernels/conv_dnnl.cpp) called through MegEngine
+              (basebn.layers.conv_ops): the `dnnl` harness's code plus MegEngine's tensor <-> custom-op
+              boundary, its queue sync and the copy of the result to numpy; threads by $BASEBN_NUM_THREADS
     torch     PyTorch CPU (reference; its CPU convs are oneDNN), in its own venv/process, driven
               over a pipe so that its runs interleave with the others
 
@@ -598,6 +602,41 @@ for line in sys.stdin:
 """
 
 
+class BasebnOpBackend:
+    """basebn's conv custom ops (what training runs on CPU), timed up to the result in numpy."""
+
+    def __init__(self):
+        import megengine as mge
+        from basebn.layers import bn_ops, conv_ops
+        if not bn_ops.conv_kernel_available():
+            raise RuntimeError(f"basebn conv ops unavailable: {bn_ops.conv_kernel_error()}")
+        self.mge, self.ops, self.name, self.t = mge, conv_ops, "basebn-op", {}
+
+    def set_threads(self, t):
+        os.environ["BASEBN_NUM_THREADS"] = str(t)  # read by the ops on every call
+        self.t = {}
+
+    def prepare(self, prob):
+        if id(prob) in self.t:
+            return
+        mge = self.mge
+        geom = self.ops.ConvGeometry((prob.stride,) * 2, (prob.pad,) * 2, (1, 1), prob.groups)
+        self.t[id(prob)] = {"x": mge.tensor(prob.x), "w": mge.tensor(prob.w), "dy": mge.tensor(prob.dy), "geom": geom}
+
+    def run(self, prob, op):
+        d = self.t[id(prob)]
+        if op == "fwd":
+            out = self.ops.conv_forward(d["x"], d["w"], None, d["geom"])
+        elif op == "bwd-data":
+            out = self.ops.conv_backward_data(d["dy"], d["w"], prob.x.shape[2:], d["geom"])
+        else:
+            out = self.ops.conv_backward_weights(d["x"], d["dy"], prob.w.shape[-2:], d["geom"])[0]
+        return out.numpy()  # waits for the op and copies the result (as `mge` does)
+
+    def impl(self, prob, op):
+        return "basebn conv custom op (oneDNN)"
+
+
 class TorchBackend:
     """PyTorch in another interpreter; each call is timed inside the worker (no pipe latency)."""
 
@@ -673,8 +712,9 @@ def main():
     ap.add_argument("--threads", type=int, nargs="+", default=[2, 1])
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5, --quick 3)")
     ap.add_argument("--shapes", nargs="*", default=None, help="substrings of shape names to keep")
-    ap.add_argument("--backends", nargs="*", default=["dnnl", "dnnl-nchw", "blas", "mkl", "mge", "basebn", "torch"],
-                    help="of: dnnl dnnl-nchw dnnl2026 blas mkl mge basebn torch")
+    ap.add_argument("--backends", nargs="*",
+                    default=["dnnl", "dnnl-nchw", "blas", "mkl", "mge", "basebn", "basebn-op", "torch"],
+                    help="of: dnnl dnnl-nchw dnnl2026 blas mkl mge basebn basebn-op torch")
     ap.add_argument("--torch-python", default=None, help="python with torch (default: CACHE/torch-venv)")
     ap.add_argument("--install-torch", action="store_true", help="create CACHE/torch-venv, pip install torch")
     ap.add_argument("--slow-cap", type=float, default=3.0,
@@ -735,6 +775,11 @@ def main():
                 backends.append(MgeBackend(name, numpy_wgrad=name == "basebn"))
             except Exception as e:  # noqa: BLE001
                 skipped[name] = str(e)
+    if "basebn-op" in args.backends:
+        try:
+            backends.append(BasebnOpBackend())
+        except Exception as e:  # noqa: BLE001
+            skipped["basebn-op"] = str(e)
     if "torch" in args.backends:
         py = args.torch_python or os.path.join(CACHE, "torch-venv", "bin", "python")
         try:

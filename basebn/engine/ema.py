@@ -13,6 +13,7 @@ import numpy as np
 
 import megengine as mge
 import megengine.functional as F
+from megengine.functional.inplace import _inplace_add_
 
 __all__ = ["ModelEMA", "pycls_momentum", "ema_should_update"]
 
@@ -176,7 +177,11 @@ class ModelEMA:
         self._take_back()
         floats, ints = self._model_tensors(model)
         new = self._gather(floats)
-        if self._all_averaged:
+        if self._all_averaged and len(self._float_names) > 1:
+            # one fused op written into the fresh concat (a single tensor's "concat" may alias the model's)
+            self._flat = _inplace_add_(new, self._flat, alpha=mge.tensor(1.0 - m, dtype="float32"),
+                                       beta=mge.tensor(m, dtype="float32"))
+        elif self._all_averaged:
             self._flat = (self._flat * m + new * (1.0 - m)).detach()
         else:
             keep, take = self._momentum_vectors(m)

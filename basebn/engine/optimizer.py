@@ -1,9 +1,15 @@
-"""Optimizer with weight decay optionally excluded from norm-layer parameters and biases."""
+"""Optimizer with weight decay optionally excluded from norm-layer parameters and biases.
+
+SGD is MegEngine's with an in-place update (:class:`InplaceSGD`): three fused multiply-adds per
+parameter instead of six allocating ops; same arguments, state dict and arithmetic.
+"""
 import megengine.optimizer as optim
+from megengine import tensor
+from megengine.functional.inplace import _inplace_add_
 
 from ..layers.norm import is_norm
 
-__all__ = ["param_groups", "build_optimizer"]
+__all__ = ["param_groups", "build_optimizer", "InplaceSGD"]
 
 
 def param_groups(model, weight_decay, exclude_norm_bias=True):
@@ -24,11 +30,40 @@ def param_groups(model, weight_decay, exclude_norm_bias=True):
             if g["params"]]
 
 
+class InplaceSGD(optim.SGD):
+    """``megengine.optimizer.SGD`` updating buffers in place: ``v = momentum * v + g + wd * p``,
+    ``p -= lr * v`` (Nesterov: ``p -= lr * (g + wd * p + momentum * v)``), MegEngine's formulas and
+    ``momentum_buffer`` state, written as MegEngine's fused ``InplaceAdd`` (``x = a * x + b * y``)."""
+
+    def _updates(self, param_group):
+        lr, wd, momentum = param_group["lr"], param_group["weight_decay"], param_group["momentum"]
+        one, neg_lr = tensor(1.0, dtype="float32"), tensor(-lr, dtype="float32")
+        wd_t, momentum_t = tensor(wd, dtype="float32"), tensor(momentum, dtype="float32")
+        for param in param_group["params"]:
+            grad = param.grad
+            if grad is None:
+                continue
+            if momentum == 0.0 or self.nesterov:
+                if wd != 0.0:
+                    grad = grad + param * wd_t
+                if momentum != 0.0:  # Nesterov
+                    v = self._state[param]["momentum_buffer"]
+                    _inplace_add_(v, grad, alpha=momentum_t, beta=one)
+                    grad = grad + v * momentum_t
+                _inplace_add_(param, grad, alpha=one, beta=neg_lr)
+                continue
+            v = self._state[param]["momentum_buffer"]
+            _inplace_add_(v, grad, alpha=momentum_t, beta=one)
+            if wd != 0.0:
+                _inplace_add_(v, param, alpha=one, beta=wd_t)
+            _inplace_add_(param, v, alpha=one, beta=neg_lr)
+
+
 def build_optimizer(model, solver, lr):
-    """SGD or AdamW (``solver.optimizer``) over :func:`param_groups` of ``model``."""
+    """SGD (:class:`InplaceSGD`) or AdamW (``solver.optimizer``) over :func:`param_groups` of ``model``."""
     groups = param_groups(model, solver.weight_decay, solver.weight_decay_exclude_norm_bias)
     if solver.optimizer == "sgd":
-        return optim.SGD(groups, lr=lr, momentum=solver.momentum, nesterov=solver.nesterov)
+        return InplaceSGD(groups, lr=lr, momentum=solver.momentum, nesterov=solver.nesterov)
     if solver.optimizer == "adamw":
         return optim.AdamW(groups, lr=lr, betas=tuple(solver.betas))
     raise ValueError(f"unknown solver.optimizer {solver.optimizer!r}: use sgd or adamw")

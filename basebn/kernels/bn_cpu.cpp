@@ -22,6 +22,7 @@
 
 #include "bn_kernels.h"
 #include "bn_math.h"
+#include "strided_copy.h"
 
 // MegEngine 1.13 calls a CPU custom op's compute without waiting for the work still queued on
 // the CPU comp node (imperative apply_on_physical_tensor has no sync; the graph CustomOpNode
@@ -99,25 +100,7 @@ template <typename T>
 const T* contiguous(const Tensor& t, std::vector<T>& buf, bool force) {
     if (t.is_contiguous() && !force)
         return t.data<T>();
-    const auto sh = t.shape();
-    const auto st = t.stride();
-    const int nd = static_cast<int>(sh.ndim());
-    const size_t total = t.size();
-    buf.resize(total);
-    const T* src = t.data<T>();
-    std::vector<int64_t> idx(nd, 0);
-    for (size_t i = 0; i < total; ++i) {
-        int64_t off = 0;
-        for (int d = 0; d < nd; ++d)
-            off += idx[d] * st[d];
-        buf[i] = src[off];
-        for (int d = nd - 1; d >= 0; --d) {
-            if (++idx[d] < static_cast<int64_t>(sh[d]))
-                break;
-            idx[d] = 0;
-        }
-    }
-    return buf.data();
+    return gather_strided(t, buf);
 }
 
 // Per-channel float32 vector (copied, so strides never matter); nullptr -> fill.

@@ -1,9 +1,10 @@
 """Layers, BN ops and model-level BN tools; each in its own module, the public API re-exported here.
 
 BN modules import one way (docs/bn_design.md): precise_bn, convert -> conv_bn -> graph -> norm ->
-sync_bn, frozen_bn -> bn_ops, moments, conv, module_tree.
+batch_norm -> sync_bn, frozen_bn -> bn_ops, moments, conv, module_tree.
 """
 from .activation import HSigmoid, HSwish, ReLU6, Swish, build_activation  # noqa: F401
+from .batch_norm import BatchNorm2d  # noqa: F401
 from .bn_ops import (  # noqa: F401
     backend as bn_backend,
     bn_backward_elemt,

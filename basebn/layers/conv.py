@@ -1,8 +1,11 @@
-"""Conv2d with a fast CPU weight gradient, and the folded conv-BN op built on the same contraction.
+"""Conv2d with fast CPU training, and the folded conv-BN op built on the same ops.
 
-MegEngine 1.13's CPU backward-filter kernel is ~20x slower than its forward, so on CPU the conv
-runs with a detached weight and dW comes from :func:`conv_weight_grad` (numpy BLAS). On GPU the
-plain MegEngine conv is used. See docs/bn_design.md.
+MegEngine 1.13's CPU convolutions are slow (its weight gradient ~20x its forward), so on CPU
+forward, data gradient and weight gradient run on basebn's oneDNN custom ops (:mod:`.conv_ops`,
+``$BASEBN_CONV_BACKEND``). Without them (or with ``megengine``) the conv is MegEngine's with a
+detached weight and dW from :func:`conv_weight_grad` (numpy BLAS), or MegEngine's own for grouped convs. On GPU, and whenever
+``fast_cpu_weight_grad(False)`` (jit.trace, exporters: a traced graph never holds a custom op),
+every conv is a plain ``F.conv2d``. See docs/bn_design.md and docs/conv_backends.md.
 """
 import numpy as np
 
@@ -14,6 +17,8 @@ from megengine.core._imperative_rt import core2
 from megengine.core.ops import builtin
 from megengine.functional.debug_param import get_execution_strategy
 from megengine.module.qat import QATModule
+
+from .conv_ops import ConvGeometry, conv_backend, conv_backward_data, conv_backward_weights, conv_forward
 
 __all__ = [
     "Conv2d",
@@ -33,7 +38,10 @@ _FAST = {"enabled": True}
 
 
 def fast_cpu_weight_grad(enabled=None):
-    """Query, or switch off/on, the numpy weight gradient (off for jit.trace, which cannot trace numpy)."""
+    """Query, or switch off/on, the fast CPU conv paths (oneDNN ops, numpy weight gradient).
+
+    Off, every conv is a plain ``F.conv2d``: jit.trace and the exporters need that.
+    """
     if enabled is not None:
         _FAST["enabled"] = bool(enabled)
     return _FAST["enabled"]
@@ -57,21 +65,21 @@ def as_pair(v):
 def conv_weight_grad(x, dy, weight_shape, stride, padding, dilation, groups):
     """dW[o, c, i, j] = sum_{n, h, w} dy[n, o, h, w] * xpad[n, c, h*s + i*d, w*s + j*d] (numpy, float32).
 
-    weight_shape is MegEngine's: (O, C, kh, kw), or (G, O/G, C/G, kh, kw) for grouped convs.
+    weight_shape is MegEngine's: (O, C, kh, kw), or (G, O/G, C/G, kh, kw) for grouped convs. One
+    batched matmul over the groups per kernel tap (no loop over groups: depthwise convs have hundreds).
     """
     (sh, sw), (ph, pw), (dh, dw) = as_pair(stride), as_pair(padding), as_pair(dilation)
-    out_c, in_cg, kh, kw = dy.shape[1], weight_shape[-3], weight_shape[-2], weight_shape[-1]
-    ho, wo = dy.shape[2], dy.shape[3]
+    n, out_c, ho, wo = dy.shape
+    in_cg, kh, kw = weight_shape[-3], weight_shape[-2], weight_shape[-1]
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if (ph or pw) else x
-    grad = np.empty((out_c, in_cg, kh, kw), dtype=np.float32)
     og = out_c // groups
-    for g in range(groups):
-        dy_g = dy[:, g * og:(g + 1) * og]
-        x_g = xp[:, g * in_cg:(g + 1) * in_cg]
-        for i in range(kh):
-            for j in range(kw):
-                window = x_g[:, :, i * dh: i * dh + sh * (ho - 1) + 1: sh, j * dw: j * dw + sw * (wo - 1) + 1: sw]
-                grad[g * og:(g + 1) * og, :, i, j] = np.tensordot(dy_g, window, axes=([0, 2, 3], [0, 2, 3]))
+    dy_g = dy.reshape(n, groups, og, ho * wo).transpose(1, 2, 0, 3).reshape(groups, og, n * ho * wo)
+    grad = np.empty((groups, og, in_cg, kh, kw), dtype=np.float32)
+    for i in range(kh):
+        for j in range(kw):
+            window = xp[:, :, i * dh: i * dh + sh * (ho - 1) + 1: sh, j * dw: j * dw + sw * (wo - 1) + 1: sw]
+            window = window.reshape(n, groups, in_cg, ho, wo).transpose(1, 0, 3, 4, 2).reshape(groups, -1, in_cg)
+            grad[:, :, :, i, j] = np.matmul(dy_g, window)
     return grad.reshape(weight_shape)
 
 
@@ -93,9 +101,57 @@ class _WeightGradTap(Function):
         return dy, None, mge.tensor(grad, dtype=self.weight_dtype, device=dy.device)
 
 
+def _records_grad(*tensors):
+    """True when a GradManager records any of ``tensors`` (some gradient will be asked of it)."""
+    return core2.get_grad_key(tensors) is not None
+
+
+def _dnnl_applies(x, *others):
+    """Run this CPU conv on the oneDNN ops? (backend ``dnnl``, float32 NCHW, not empty)."""
+    return (x.ndim == 4 and x.size > 0 and all(t.dtype == np.float32 for t in (x,) + others if t is not None)
+            and conv_backend() == "dnnl")
+
+
+class _DnnlConv2d(Function):
+    """conv2d on the oneDNN ops; backward computes only the gradients that are recorded."""
+
+    def __init__(self, geom, need_dx, need_dw, need_db):
+        super().__init__()
+        self.geom, self.need_dx, self.need_dw, self.need_db = geom, need_dx, need_dw, need_db
+
+    def forward(self, x, weight, bias=None):
+        self.x = x if self.need_dw else None  # only the weight gradient needs the input
+        self.in_hw, self.weight = tuple(x.shape[2:]), weight
+        self.bias_shape = None if bias is None else tuple(bias.shape)
+        return conv_forward(x, weight, bias, self.geom)
+
+    def backward(self, dy):
+        x, weight, geom = self.x, self.weight, self.geom
+        self.x = self.weight = None
+        dx = conv_backward_data(dy, weight, self.in_hw, geom) if self.need_dx else None
+        dw = db = None
+        if self.need_dw:
+            dw, db = conv_backward_weights(x, dy, weight.shape[-2:], geom, with_bias=self.need_db)
+            dw = dw.reshape(weight.shape)
+        elif self.need_db:
+            db = dy.sum(axis=(0, 2, 3))
+        if self.bias_shape is None:
+            return dx, dw
+        return dx, dw, (None if db is None else db.reshape(self.bias_shape))
+
+
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """F.conv2d with the fast CPU weight gradient (identical values; see module docstring)."""
+    """F.conv2d, fast to train on CPU (oneDNN ops, else the numpy weight gradient; see module docstring)."""
     if not (_FAST["enabled"] and on_cpu(x)):
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    if _dnnl_applies(x, weight, bias):
+        geom = ConvGeometry(as_pair(stride), as_pair(padding), as_pair(dilation), groups)
+        need = (_records_grad(x), _records_grad(weight), bias is not None and _records_grad(bias))
+        if not any(need):
+            return conv_forward(x, weight, bias, geom)
+        fn = _DnnlConv2d(geom, *need)
+        return fn(x, weight) if bias is None else fn(x, weight, bias)
+    if groups > 1:  # MegEngine's grouped/depthwise weight gradient beats the numpy one
         return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
     y = F.conv2d(x, weight.detach(), None, stride, padding, dilation, groups)
     y = _WeightGradTap(stride, padding, dilation, groups)(y, x.detach(), weight)
@@ -137,8 +193,9 @@ class FoldedConv2d(Function):
 
     Built by autodiff, conv(x, W * s) would save the folded weight (a weight-sized copy per conv)
     for its data gradient. Only x (when a weight gradient is wanted), W and s are held. Backward:
-    dx by ConvolutionBackwardData with the recomputed W * s; d(W * s) by :func:`conv_weight_grad`
-    (CPU only); dW = d(W * s) * s, ds = sum(d(W * s) * W) and dt = sum(dy) per channel.
+    dx from the recomputed W * s; d(W * s) and dt = sum(dy) per channel from the weight-gradient
+    op; dW = d(W * s) * s, ds = sum(d(W * s) * W). CPU only: on the oneDNN ops, else MegEngine's
+    ConvolutionBackwardData and :func:`conv_weight_grad` (numpy).
     """
 
     def __init__(self, conv, need_dx, need_dw):
@@ -149,15 +206,30 @@ class FoldedConv2d(Function):
 
     def forward(self, x, weight, scale, shift):
         stride, padding, dilation, groups = self.args
-        y = F.conv2d(x, fold_weight(weight, scale), shift, stride, padding, dilation, groups,
-                     compute_mode=self.compute_mode)
+        self.geom = None
+        if _dnnl_applies(x, weight, scale, shift):
+            self.geom = ConvGeometry(as_pair(stride), as_pair(padding), as_pair(dilation), groups)
+            y = conv_forward(x, fold_weight(weight, scale), shift, self.geom)
+        else:
+            y = F.conv2d(x, fold_weight(weight, scale), shift, stride, padding, dilation, groups,
+                         compute_mode=self.compute_mode)
         self.x = x if self.need_dw else None  # only the weight gradient needs the input
         self.x_shape = tuple(x.shape)
         self.weight, self.scale = weight, scale
         return y
 
+    def _dnnl_param_grads(self, x, weight, scale, dy):
+        """(dW, ds, dt) on the oneDNN weight-gradient op."""
+        dfolded, dshift = conv_backward_weights(x, dy, weight.shape[-2:], self.geom, with_bias=True)
+        dfolded = dfolded.reshape(weight.shape)
+        c = scale.shape[1]
+        dscale = (dfolded * weight).reshape(c, -1).sum(axis=1).reshape(1, c, 1, 1)
+        return dfolded * scale.reshape(channel_scale_shape(weight)), dscale, dshift.reshape(1, c, 1, 1)
+
     def _param_grads(self, x, weight, scale, dy):
-        """(dW, ds, dt) in numpy, before dx is allocated (lower backward peak)."""
+        """(dW, ds, dt), before dx is allocated (lower backward peak); numpy without the oneDNN ops."""
+        if self.geom is not None:
+            return self._dnnl_param_grads(x, weight, scale, dy)
         dy_np = dy.numpy().astype(np.float32, copy=False)
         dfolded = conv_weight_grad(x.numpy().astype(np.float32, copy=False), dy_np, tuple(weight.shape), *self.args)
         c = scale.shape[1]
@@ -168,6 +240,8 @@ class FoldedConv2d(Function):
                      for a, like in ((dfolded, weight), (dscale, scale), (dshift, scale)))
 
     def _input_grad(self, weight, scale, dy):
+        if self.geom is not None:
+            return conv_backward_data(dy, fold_weight(weight, scale), self.x_shape[2:], self.geom)
         stride, padding, dilation, groups = self.args
         (sh, sw), (ph, pw), (dh, dw) = as_pair(stride), as_pair(padding), as_pair(dilation)
         op = builtin.ConvolutionBackwardData(

@@ -1,9 +1,8 @@
 """Conv -> norm -> activation building blocks with "same" padding for odd kernels.
 
-:func:`padded_conv` returns basebn's :class:`~basebn.layers.conv.Conv2d` (fast CPU weight gradient) for
-dense convs and ``megengine.module.Conv2d`` for grouped / depthwise ones, whose per-group numpy
-weight gradient is far slower than MegEngine's own (50x for a 576-channel depthwise 5x5). Both
-classes have the same parameters and state-dict keys.
+:func:`padded_conv` returns basebn's :class:`~basebn.layers.conv.Conv2d` for every conv, depthwise
+included: on CPU it trains on the oneDNN ops (a 3x3 depthwise fwd + dW: 40 ms vs MegEngine 166 ms); its
+parameters and state-dict keys are those of ``megengine.module.Conv2d``.
 """
 import megengine.module as M
 
@@ -17,8 +16,7 @@ def padded_conv(w_in, w_out, kernel, stride=1, groups=1, dilation=1, bias=False)
     """A Conv2d with padding (kernel - 1) * dilation // 2 (odd kernels keep the size at stride 1)."""
     if kernel % 2 == 0:
         raise ValueError(f"padded_conv: kernel {kernel} is even; only odd kernels have symmetric padding")
-    cls = Conv2d if groups == 1 else M.Conv2d
-    return cls(w_in, w_out, kernel, stride=stride, padding=(kernel - 1) * dilation // 2,
+    return Conv2d(w_in, w_out, kernel, stride=stride, padding=(kernel - 1) * dilation // 2,
                dilation=dilation, groups=groups, bias=bias)
 
 

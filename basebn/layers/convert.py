@@ -6,6 +6,7 @@ objects) are kept.
 """
 import megengine.module as M
 
+from .batch_norm import BatchNorm2d
 from .conv_bn import disable_efficient_conv_bn_eval, enable_efficient_conv_bn_eval
 from .frozen_bn import FrozenBatchNorm2d
 from .module_tree import replace_modules
@@ -22,6 +23,8 @@ def _transfer(src, dst):
     if src._track_running_stats_saved:
         dst.running_mean, dst.running_var = src.running_mean, src.running_var
     dst.track_running_stats = src.track_running_stats
+    if hasattr(src, "num_batches_tracked"):  # the cumulative-average counter (a plain attribute)
+        dst.num_batches_tracked = src.num_batches_tracked
     dst.training = src.training
     dst._name, dst._short_name = src._name, src._short_name
     dst._forward_pre_hooks.update(src._forward_pre_hooks)
@@ -33,14 +36,22 @@ def _to_sync(bn, group):
     new = SyncBatchNorm(bn.num_features, eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
                         track_running_stats=bn._track_running_stats_saved, group=group,
                         freeze=getattr(bn, "freeze", False), name=bn.name)
-    # remember what to revert to (megengine's SyncBatchNorm reverts to a local BatchNorm2d)
-    new._revert_cls = M.BatchNorm1d if isinstance(bn, M.BatchNorm1d) else M.BatchNorm2d
+    new._revert_cls = _revert_class(bn)
     return _transfer(bn, new)
 
 
+def _revert_class(bn):
+    """What a SyncBatchNorm converted from ``bn`` reverts to: MegEngine's BatchNorm1d or BatchNorm2d
+    when ``bn`` is one, else basebn's BatchNorm2d (for megengine's SyncBatchNorm too)."""
+    if isinstance(bn, M.BatchNorm1d):
+        return M.BatchNorm1d
+    return M.BatchNorm2d if type(bn) is M.BatchNorm2d else BatchNorm2d
+
+
 def _to_plain(bn):
-    cls = getattr(bn, "_revert_cls", M.BatchNorm2d)
-    momentum = 0.9 if bn.momentum is None else bn.momentum  # MegEngine BN has no cumulative mode
+    cls = getattr(bn, "_revert_cls", BatchNorm2d)
+    keeps_none = issubclass(cls, BatchNorm2d)  # MegEngine's own BN has no cumulative mode
+    momentum = 0.9 if bn.momentum is None and not keeps_none else bn.momentum
     new = cls(bn.num_features, eps=bn.eps, momentum=momentum, affine=bn.affine,
               track_running_stats=bn._track_running_stats_saved, freeze=bn.freeze, name=bn.name)
     return _transfer(bn, new)
@@ -61,10 +72,11 @@ def convert_sync_batchnorm(module, group=None):
 
 
 def revert_sync_batchnorm(module):
-    """Replace every :class:`SyncBatchNorm` by a local MegEngine BN with the same tensors and
-    settings: the class it was converted from (BatchNorm1d or BatchNorm2d), BatchNorm2d for one
-    built directly or converted from megengine's SyncBatchNorm. ``momentum=None`` becomes 0.9
-    (MegEngine BN has no cumulative mode).
+    """Replace every :class:`SyncBatchNorm` by a local BN with the same tensors and settings: the
+    class it was converted from (MegEngine's BatchNorm1d / BatchNorm2d, basebn's BatchNorm2d), basebn's
+    :class:`BatchNorm2d` (what ``build_norm("BN")`` builds) for one built directly or converted from
+    megengine's SyncBatchNorm. ``momentum=None`` stays None on basebn's BatchNorm2d and becomes 0.9 on
+    MegEngine's classes (they have no cumulative mode).
     """
     return replace_modules(module, lambda m: _to_plain(m) if isinstance(m, SyncBatchNorm) else None)
 
@@ -93,9 +105,9 @@ def convert_frozen_batchnorm(module):
     return _keeping_efficient_pairs(module, convert)
 
 
-def convert_to_batchnorm(module, norm_cls=M.BatchNorm2d, **kwargs):
+def convert_to_batchnorm(module, norm_cls=BatchNorm2d, **kwargs):
     """Inverse of :func:`convert_frozen_batchnorm`: every FrozenBatchNorm2d becomes a trainable ``norm_cls``
-    (kwargs go to its constructor)."""
+    (default basebn's :class:`BatchNorm2d`, as ``build_norm("BN")``; kwargs go to its constructor)."""
     def convert(m):
         return m.to_batchnorm(norm_cls, **kwargs) if is_frozen_bn(m) else None
 

@@ -1,11 +1,13 @@
 """What a normalisation layer is: the BN / norm predicates every other module uses, and build_norm.
 
-A BN layer is any subclass of MegEngine's ``_BatchNorm``: BatchNorm1d/2d, MegEngine's and
-basebn's SyncBatchNorm, FrozenBatchNorm2d.
+A BN layer is any subclass of MegEngine's ``_BatchNorm``: BatchNorm1d/2d (MegEngine's and basebn's,
+a subclass of it), MegEngine's and basebn's SyncBatchNorm, FrozenBatchNorm2d. ``build_norm("BN")``
+builds basebn's BatchNorm2d (the BN kernels).
 """
 import megengine.module as M
 from megengine.module.batchnorm import _BatchNorm
 
+from .batch_norm import BatchNorm2d
 from .frozen_bn import FrozenBatchNorm2d
 from .sync_bn import SyncBatchNorm
 
@@ -75,7 +77,7 @@ def bn_layers(model):
 def build_norm(kind, num_features, momentum=0.9, eps=1e-5, gn_groups=32):
     """Return a 2D normalisation module of `kind` in NORM_KINDS for `num_features` channels."""
     if kind == "BN":
-        return M.BatchNorm2d(num_features, eps=eps, momentum=momentum)
+        return BatchNorm2d(num_features, eps=eps, momentum=momentum)
     if kind == "SyncBN":
         return SyncBatchNorm(num_features, eps=eps, momentum=momentum)
     if kind == "FrozenBN":

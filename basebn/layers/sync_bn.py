@@ -3,8 +3,9 @@
 Built on :mod:`basebn.layers.bn_ops`, one process too. Per training layer: forward ONE
 ``all_gather`` of ``[count, mean, M2]`` merged in float64 in rank order (bit-identical on every
 rank), backward ONE ``all_reduce_sum`` of ``[sum dy, sum dy*xhat]``. Eval never communicates.
-``num_batches_tracked`` (for ``momentum=None``) is a plain attribute, not saved, so the state
-dict stays BatchNorm2d's. Design notes: docs/bn_design.md.
+Unsynchronised (local) statistics stay on the device: no host copy. ``num_batches_tracked`` (for
+``momentum=None``) is a plain attribute, not saved, so the state dict stays BatchNorm2d's.
+:func:`kernel_bn_forward` is the forward shared with basebn's BatchNorm2d. Design notes: docs/bn_design.md.
 """
 import contextlib
 
@@ -19,7 +20,7 @@ from .. import distributed as dist
 from . import bn_ops
 from .moments import Moments, merge_all
 
-__all__ = ["SyncBatchNorm", "local_statistics"]
+__all__ = ["SyncBatchNorm", "local_statistics", "kernel_bn_forward"]
 
 _SPLIT = float(2 ** 20)  # count = hi * 2**20 + lo, both exact in float32
 
@@ -75,7 +76,8 @@ class _BNTrainFunction(_BNFunction):
     """Batch-statistics BN (synchronised when ``sync``) with a hand-written backward.
 
     ``forward(x[, weight, bias])``; weight and bias are (C,) float32. After the forward the batch
-    statistics are available as ``self.batch`` (:class:`Moments`, float64).
+    mean and unbiased variance (for the running statistics) are ``self.batch_mean`` and
+    ``self.batch_var``, float32 (C,) tensors.
     """
 
     def __init__(self, eps, sync, group):
@@ -85,37 +87,62 @@ class _BNTrainFunction(_BNFunction):
         self.group = group
 
     def forward(self, x, weight=None, bias=None):
-        c = x.shape[1]
-        local_count = bn_ops.channel_count(x)
-        if local_count > 0:
-            mean, m2 = bn_ops.bn_stats(x)
-        else:  # an empty rank never reaches the ops; it still joins the collective below
-            mean, m2 = _zeros_c(c, x.device), _zeros_c(c, x.device)
-        packed = _pack(local_count, mean, m2, x.device)
-        gathered = dist.all_gather(packed, group=self.group) if self.sync else packed.reshape(1, -1)
-        batch = merge_all(_unpack(gathered.numpy(), c), c)
-        if batch.count <= 1:
-            raise ValueError(
-                f"SyncBatchNorm: expected more than 1 value per channel when training, got a "
-                f"{'global' if self.sync else 'local'} count of {int(batch.count)} (input {tuple(x.shape)})"
-            )
-        invstd = 1.0 / np.sqrt(batch.m2 / batch.count + self.eps)
-        self.batch, self.local_count = batch, local_count
-        self.mean = mge.tensor(batch.mean.astype(np.float32), device=x.device)
-        self.invstd = mge.tensor(invstd.astype(np.float32), device=x.device)
+        self.local_count = bn_ops.channel_count(x)
+        if self.sync:
+            self._synchronised_statistics(x)
+        else:
+            self._local_statistics(x)
         self._save(x, weight)
-        if local_count == 0:
+        if self.local_count == 0:
             return _empty_like(x)
         return bn_ops.bn_normalize(x, self.mean, self.invstd, weight, bias)
 
+    def _check_count(self, count, x):
+        if count <= 1:
+            raise ValueError(
+                f"BatchNorm: expected more than 1 value per channel when training, got a "
+                f"{'global' if self.sync else 'local'} count of {int(count)} (input {tuple(x.shape)})"
+            )
+
+    def _local_statistics(self, x):
+        """mean, invstd and the unbiased variance computed on the device (no host copy)."""
+        self._check_count(self.local_count, x)
+        self.count = float(self.local_count)
+        mean, m2 = bn_ops.bn_stats(x)
+        self.mean = mean
+        self.invstd = (m2 * (1.0 / self.count) + self.eps) ** -0.5
+        self.batch_mean, self.batch_var = mean, m2 * (1.0 / (self.count - 1.0))
+
+    def _synchronised_statistics(self, x):
+        """Every rank's [count, mean, m2], gathered and merged in float64 on the host."""
+        c = x.shape[1]
+        if self.local_count > 0:
+            mean, m2 = bn_ops.bn_stats(x)
+        else:  # an empty rank never reaches the ops; it still joins the collective below
+            mean, m2 = _zeros_c(c, x.device), _zeros_c(c, x.device)
+        packed = _pack(self.local_count, mean, m2, x.device)
+        gathered = dist.all_gather(packed, group=self.group)
+        batch = merge_all(_unpack(gathered.numpy(), c), c)
+        self._check_count(batch.count, x)
+        self.count = batch.count
+        invstd = 1.0 / np.sqrt(batch.m2 / batch.count + self.eps)
+
+        def tensor(v):
+            return mge.tensor(np.asarray(v, dtype=np.float32), device=x.device)
+
+        self.mean, self.invstd = tensor(batch.mean), tensor(invstd)
+        self.batch_mean, self.batch_var = self.mean, tensor(batch.m2 / (batch.count - 1.0))
+
     def _input_grad(self, dy, sum_dy, sum_dy_xhat):
-        c = dy.shape[1]
-        local = F.concat([sum_dy.astype("float32"), sum_dy_xhat.astype("float32")])
-        total = dist.all_reduce_sum(local, group=self.group) if self.sync else local
+        if self.sync:  # one collective for both sums
+            c = dy.shape[1]
+            local = F.concat([sum_dy.astype("float32"), sum_dy_xhat.astype("float32")])
+            total = dist.all_reduce_sum(local, group=self.group)
+            sum_dy, sum_dy_xhat = total[:c], total[c:]
         if self.local_count == 0:
             return _empty_like(dy)
         return bn_ops.bn_backward_elemt(dy, self.x, self.mean, self.invstd, self.weight,
-                                        total[:c], total[c:], self.batch.count)
+                                        sum_dy, sum_dy_xhat, self.count)
 
 
 class _BNEvalFunction(_BNFunction):
@@ -136,6 +163,47 @@ class _BNEvalFunction(_BNFunction):
             return _empty_like(dy)
         # dx = dy * invstd * weight: bn_normalize with a zero mean and no bias
         return bn_ops.bn_normalize(dy, _zeros_c(dy.shape[1], dy.device), self.invstd, self.weight, None)
+
+
+def _affine_args(bn, detach=False):
+    if not bn.affine:
+        return ()
+    c = bn.num_features
+    w, b = bn.weight.reshape(c), bn.bias.reshape(c)
+    if detach:
+        w, b = w.detach(), b.detach()
+    return (w, b)
+
+
+def _update_running_stats(bn, mean, var):
+    """``running = keep * running + (1 - keep) * batch`` (MegEngine's momentum; ``None``: cumulative)."""
+    bn.num_batches_tracked = getattr(bn, "num_batches_tracked", 0) + 1
+    keep = 1.0 - 1.0 / bn.num_batches_tracked if bn.momentum is None else float(bn.momentum)
+    shape = tuple(bn.running_mean.shape)
+    bn.running_mean[...] = (bn.running_mean * keep + mean.reshape(shape) * (1.0 - keep)).detach()
+    bn.running_var[...] = (bn.running_var * keep + var.reshape(shape) * (1.0 - keep)).detach()
+
+
+def kernel_bn_forward(bn, inp, sync=False, group=None):
+    """The forward of a ``_BatchNorm``-like module ``bn`` on :mod:`bn_ops` (input already checked).
+
+    Running statistics when ``bn`` uses them (eval, ``freeze``: affine detached), else batch
+    statistics, over all ranks of ``group`` when ``sync``; in training with running statistics they
+    are updated with the unbiased batch variance, as MegEngine's BatchNorm does.
+    """
+    if not bn._track_running_stats_saved and bn.track_running_stats:
+        raise AssertionError("track_running_stats can not be initialised to False and changed to True later")
+    c = bn.num_features
+    if bn.track_running_stats and (bn.freeze or not bn.training):
+        invstd = (bn.running_var.reshape(c) + bn.eps) ** -0.5
+        fn = _BNEvalFunction(bn.running_mean.reshape(c).detach(), invstd.detach())
+        return fn(inp, *_affine_args(bn, detach=bn.freeze))
+    # training, or eval with track_running_stats=False: batch statistics
+    fn = _BNTrainFunction(bn.eps, sync, group)
+    out = fn(inp, *_affine_args(bn))
+    if bn.training and bn.track_running_stats:
+        _update_running_stats(bn, fn.batch_mean, fn.batch_var)
+    return out
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -180,49 +248,9 @@ class SyncBatchNorm(_BatchNorm):
         if inp.shape[1] != self.num_features:
             raise ValueError(f"expected {self.num_features} channels, got input {tuple(inp.shape)}")
 
-    def _affine_args(self, detach=False):
-        if not self.affine:
-            return ()
-        c = self.num_features
-        w, b = self.weight.reshape(c), self.bias.reshape(c)
-        if detach:
-            w, b = w.detach(), b.detach()
-        return (w, b)
-
     def forward(self, inp):
         self._check_input_ndim(inp)
-        if not self._track_running_stats_saved and self.track_running_stats:
-            raise AssertionError("track_running_stats can not be initialised to False and changed to True later")
-        c = self.num_features
-        use_running = self.track_running_stats and (self.freeze or not self.training)
-        if use_running:
-            mean = self.running_mean.reshape(c)
-            invstd = (self.running_var.reshape(c) + self.eps) ** -0.5
-            fn = _BNEvalFunction(mean.detach(), invstd.detach())
-            return fn(inp, *self._affine_args(detach=self.freeze))
-
-        # eval with track_running_stats=False, or local_only: local batch statistics
-        sync = self.training and not self.local_only
-        fn = _BNTrainFunction(self.eps, sync, self.group)
-        out = fn(inp, *self._affine_args())
-        if self.training and self.track_running_stats:
-            self._update_running_stats(fn.batch)
-        return out
-
-    def _update_running_stats(self, batch):
-        self.num_batches_tracked += 1
-        if self.momentum is None:
-            keep = 1.0 - 1.0 / self.num_batches_tracked
-        else:
-            keep = float(self.momentum)
-        shape = tuple(self.running_mean.shape)
-        var = (batch.m2 / (batch.count - 1.0)).astype(np.float32).reshape(shape)
-        mean = batch.mean.astype(np.float32).reshape(shape)
-        dev = self.running_mean.device
-        new_mean = self.running_mean * keep + mge.tensor(mean, device=dev) * (1.0 - keep)
-        new_var = self.running_var * keep + mge.tensor(var, device=dev) * (1.0 - keep)
-        self.running_mean[...] = new_mean.detach()
-        self.running_var[...] = new_var.detach()
+        return kernel_bn_forward(self, inp, sync=self.training and not self.local_only, group=self.group)
 
     def _module_info_string(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "

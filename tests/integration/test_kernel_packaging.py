@@ -1,4 +1,4 @@
-"""A non-editable install carries the kernel sources and builds/loads the kernels from its own copy.
+"""A non-editable install carries the kernel sources (the oneDNN conv ops' too) and builds/loads them from its own copy.
 
 `pip install --no-deps --target DIR` of a copy of the source tree, then a fresh interpreter run from
 outside the repository with only DIR prepended to its path (megengine from this venv).
@@ -24,7 +24,8 @@ from basebn.layers import bn_ops
 src = bn_ops.kernel_source_dir()
 spec = bn_ops.kernel_build_spec(False)
 print(json.dumps({"package": os.path.dirname(basebn.__file__), "sources": src,
-                  "files": sorted(os.listdir(src)), "build_dir": spec.build_dir, "backend": bn_ops.backend()}))
+                  "files": sorted(os.listdir(src)), "build_dir": spec.build_dir, "backend": bn_ops.backend(),
+                  "conv": bn_ops.conv_kernel_available()}))
 """
 
 
@@ -47,8 +48,10 @@ def test_installed_package_finds_its_kernels(tmp_path):
 
     assert info["package"] == str(site / "basebn")
     assert info["sources"] == str(site / "basebn" / "kernels")
-    assert {"bn_ops.cpp", "bn_cpu.cpp", "bn_cuda.cu", "bn_kernels.h", "bn_math.h"} <= set(info["files"])
+    assert {"bn_ops.cpp", "bn_cpu.cpp", "bn_cuda.cu", "bn_kernels.h", "bn_math.h", "conv_dnnl.cpp"} <= set(info["files"])
     # same sources and flags: same cache key as the source tree's, so the cached build is reused
     assert info["build_dir"] == bn_ops.kernel_build_spec(False).build_dir
     if bn_ops.kernel_available():
         assert info["backend"] == "kernel"
+    if bn_ops.conv_kernel_available():  # the installed copy's library holds the conv ops too
+        assert info["conv"]

@@ -1,11 +1,12 @@
-"""The fast CPU conv weight gradient against a numpy reference written from the definition."""
+"""The fast CPU conv (oneDNN ops, or the numpy weight gradient without them) against a numpy reference
+written from the definition. tests/layers/test_conv_dnnl.py covers the oneDNN ops in depth."""
 import numpy as np
 import pytest
 
 import megengine as mge
 from megengine.autodiff import GradManager
 
-from basebn.layers.conv import Conv2d, conv2d
+from basebn.layers.conv import Conv2d, conv2d, conv_weight_grad
 
 
 def reference_conv(x, w, stride, pad, dil, groups):
@@ -69,3 +70,26 @@ def test_module_matches_megengine_conv_and_input_grad():
     np.testing.assert_allclose(y.numpy(), y_ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ours.bias.grad.numpy().ravel(), (2 * y_ref).sum(axis=(0, 2, 3)), rtol=1e-4)
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("n,cin,h,cout,k,stride,pad,dil,groups", [
+    (2, 8, 6, 8, 3, 1, 1, 1, 8),   # depthwise
+    (2, 4, 7, 8, 3, 2, 1, 1, 4),   # depthwise, channel multiplier 2
+    (1, 6, 9, 4, 3, 1, 2, 2, 2),   # grouped, dilated
+])
+def test_numpy_weight_grad_grouped(n, cin, h, cout, k, stride, pad, dil, groups):
+    """The fallback's conv_weight_grad (one batched matmul over the groups per tap) in MegEngine's grouped layout."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((n, cin, h, h))
+    w_shape = (cout, cin // groups, k, k)
+    y_shape = reference_conv(x, np.zeros(w_shape), stride, pad, dil, groups).shape
+    dy = rng.standard_normal(y_shape)
+    dw_ref = np.zeros(w_shape)
+    for idx in np.ndindex(*w_shape):  # loss = sum(y * dy) is linear in w
+        e = np.zeros(w_shape)
+        e[idx] = 1
+        dw_ref[idx] = (reference_conv(x, e, stride, pad, dil, groups) * dy).sum()
+    grouped = (groups, cout // groups, cin // groups, k, k)
+    got = conv_weight_grad(x.astype(np.float32), dy.astype(np.float32), grouped, stride, pad, dil, groups)
+    assert got.shape == grouped and got.dtype == np.float32
+    np.testing.assert_allclose(got.reshape(w_shape), dw_ref, rtol=1e-4, atol=1e-4)

@@ -15,6 +15,7 @@ from megengine.autodiff import GradManager
 
 import basebn.distributed as dist
 from basebn.layers import bn_ops
+from basebn.layers.batch_norm import BatchNorm2d
 from basebn.layers.convert import convert_sync_batchnorm, revert_sync_batchnorm
 from basebn.layers.sync_bn import SyncBatchNorm
 from tests.support.mpi_launch import run_mpi
@@ -313,7 +314,7 @@ def test_convert_and_revert():
     assert out is net
     b = net[0]
     assert type(b.bn) is M.BatchNorm2d and type(b.head[1]) is M.BatchNorm1d
-    assert type(b.extra["sbn"]) is M.BatchNorm2d  # local BN, not megengine's SyncBatchNorm
+    assert type(b.extra["sbn"]) is BatchNorm2d  # local BN (basebn's), not megengine's SyncBatchNorm
     assert b.bn.weight is old_weight and b.bn.eps == 1e-3 and b.bn.momentum == 0.8
     assert b.bn.training and not b.extra["sbn"].training
     for k, v in net.state_dict().items():
@@ -321,7 +322,8 @@ def test_convert_and_revert():
 
     single = convert_sync_batchnorm(M.BatchNorm2d(3))  # a BN itself gives a new object
     assert type(single) is SyncBatchNorm
-    assert type(revert_sync_batchnorm(SyncBatchNorm(3, momentum=None))) is M.BatchNorm2d
+    reverted = revert_sync_batchnorm(SyncBatchNorm(3, momentum=None))
+    assert type(reverted) is BatchNorm2d and reverted.momentum is None  # basebn's BN keeps the cumulative mode
 
 
 def test_errors():

@@ -4,14 +4,19 @@ Two interchangeable paths with the same numerics: C++/CUDA custom ops compiled o
 (:mod:`.build`, :mod:`.kernel`) and pure MegEngine (:mod:`.fallback`); :mod:`.backend` picks one
 (``$BASEBN_BN_BACKEND``), :mod:`.ops` dispatches. ``x``/``dy`` are (N, C, *) with 2 to 5 dims,
 float32 or float16; per-channel tensors are float32 (C,). Environment: ``BASEBN_KERNEL_CACHE``,
-``BASEBN_KERNEL_DIR``, ``BASEBN_NUM_THREADS`` (CPU kernel threads), ``BASEBN_KERNEL_CUDA=0``.
+``BASEBN_KERNEL_DIR``, ``BASEBN_NUM_THREADS`` (CPU kernel threads), ``BASEBN_KERNEL_CUDA=0``,
+``BASEBN_ONEDNN_ROOT``. The same library holds the oneDNN conv ops when oneDNN is found (see
+:mod:`basebn.layers.conv_ops`).
 """
 from .backend import backend, use_backend
 from .build import (
     CUDA_ARCHS,
     KernelBuildSpec,
     KernelUnavailableError,
+    conv_kernel_available,
+    conv_kernel_error,
     find_cuda_root,
+    find_onednn,
     kernel_available,
     kernel_build_spec,
     kernel_cache_root,
@@ -33,6 +38,9 @@ __all__ = [
     "kernel_available",
     "kernel_error",
     "kernel_library",
+    "conv_kernel_available",
+    "conv_kernel_error",
+    "find_onednn",
     "KernelUnavailableError",
     "KernelBuildSpec",
     "kernel_build_spec",

@@ -1,16 +1,23 @@
-"""Build, cache and load the C++/CUDA BN kernels (sources in ``basebn/kernels/``).
+"""Build, cache and load the C++/CUDA BN kernels and the oneDNN conv ops (sources in ``basebn/kernels/``).
 
-The library is compiled once per (sources, flags, MegEngine version) into
+The library is compiled once per (sources, flags, MegEngine version, oneDNN) into
 ``kernel_cache_root()/<hash>``; an flock serialises concurrent builds. Loading is tried once per
-process: :func:`load_kernels` remembers the library or the error.
+process: :func:`load_kernels` remembers the library or the error. MegEngine loads one custom-op
+library per process, so the conv ops (``conv_dnnl.cpp``, when :func:`find_onednn` finds oneDNN) are
+compiled into the BN library; if that build fails, the BN-only library is built instead and the
+failure is recorded in its cache directory (``conv_kernel_error()``), so later processes skip it.
 """
 import ctypes
+import glob
 import hashlib
 import os
+import re
 import shutil
+import site
 import subprocess
+import sys
 import threading
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Optional
 
 from loguru import logger
 
@@ -29,6 +36,9 @@ __all__ = [
     "KernelBuildSpec",
     "CUDA_ARCHS",
     "OP_NAMES",
+    "CONV_OP_NAMES",
+    "OneDNN",
+    "find_onednn",
     "kernel_source_dir",
     "kernel_cache_root",
     "kernel_build_spec",
@@ -38,6 +48,8 @@ __all__ = [
     "kernel_library",
     "kernel_available",
     "kernel_error",
+    "conv_kernel_available",
+    "conv_kernel_error",
 ]
 
 _ENV_CACHE = "BASEBN_KERNEL_CACHE"
@@ -45,8 +57,12 @@ _ENV_SOURCES = "BASEBN_KERNEL_DIR"
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # basebn/
 _CPU_SOURCES = ("bn_ops.cpp", "bn_cpu.cpp")
 _CUDA_SOURCES = ("bn_cuda.cu",)
-_HEADERS = ("bn_math.h", "bn_kernels.h")
+_HEADERS = ("bn_math.h", "bn_kernels.h", "strided_copy.h")
+_DNNL_SOURCES = ("conv_dnnl.cpp",)
 _LIB_NAME = "basebn_bn"
+_DNNL_LIB_NAME = "basebn_bn_dnnl"  # another name: a failed oneDNN build can be followed by the BN-only one
+_DNNL_FAILED = "dnnl_failed.txt"
+_ENV_ONEDNN = "BASEBN_ONEDNN_ROOT"
 # -O3 and no -march: portable binaries; -fopenmp-simd only honours `#pragma omp simd` (no
 # OpenMP runtime), letting the compiler reorder those float reductions to vectorise them.
 _CFLAGS = ("-O3", "-fopenmp-simd", "-DNDEBUG", "-pthread")
@@ -54,6 +70,7 @@ _LDFLAGS = ("-pthread",)
 # oldest first; sm_70 (Volta) is gone from CUDA 13's nvcc, see tests/test_kernels_cuda_compile.py
 CUDA_ARCHS = ("70", "75", "80", "90")
 OP_NAMES = ("BasebnBnStats", "BasebnBnNormalize", "BasebnBnBackwardReduce", "BasebnBnBackwardElemt")
+CONV_OP_NAMES = ("BasebnConvFwd", "BasebnConvBwdData", "BasebnConvBwdFilter")  # only with oneDNN
 
 
 class KernelUnavailableError(RuntimeError):
@@ -71,6 +88,53 @@ class KernelBuildSpec(NamedTuple):
     ldflags: List[str]
     with_cuda: bool
     build_dir: str
+    onednn: Optional["OneDNN"] = None  # set: the conv ops are compiled in
+    lib_name: str = _LIB_NAME
+
+
+class OneDNN(NamedTuple):
+    """A oneDNN installation the conv ops can build against."""
+
+    root: str
+    include_dir: str
+    lib_dir: str
+    link: str  # the -l argument: "dnnl", or ":libdnnl.so.3" without the unversioned link
+    version: str  # "3.2.0 (commit hash)" from dnnl_version.h
+
+
+def _onednn_at(root):
+    """The :class:`OneDNN` under ``root``, or None."""
+    inc, lib = os.path.join(root, "include"), os.path.join(root, "lib")
+    header = os.path.join(inc, "oneapi", "dnnl", "dnnl_version.h")
+    libs = sorted(os.path.basename(p) for p in glob.glob(os.path.join(lib, "libdnnl.so*")))
+    if not (os.path.exists(os.path.join(inc, "oneapi", "dnnl", "dnnl.hpp")) and os.path.exists(header) and libs):
+        return None
+    with open(header) as f:
+        fields = dict(re.findall(r'#define DNNL_VERSION_(MAJOR|MINOR|PATCH|HASH)\s+"?([^"\s]+)', f.read()))
+    version = "{}.{}.{} ({})".format(*(fields.get(k, "?") for k in ("MAJOR", "MINOR", "PATCH", "HASH")))
+    return OneDNN(os.path.abspath(root), inc, lib, "dnnl" if "libdnnl.so" in libs else ":" + libs[0], version)
+
+
+def find_onednn():
+    """The oneDNN to build the conv ops with (:class:`OneDNN`), or None.
+
+    ``$BASEBN_ONEDNN_ROOT`` when set (the only place then; point it at a missing directory to build
+    without oneDNN), else ``sys.prefix`` (a venv with the pip wheels ``onednn-cpu-gomp`` and
+    ``onednn-devel-cpu-gomp``), else the user site base. A root has ``include/oneapi/dnnl/dnnl.hpp``
+    and ``lib/libdnnl.so*``.
+    """
+    env = os.environ.get(_ENV_ONEDNN)
+    roots = [env] if env else [sys.prefix, site.getuserbase()]
+    for root in roots:
+        found = _onednn_at(root) if root else None
+        if found is not None:
+            return found
+    return None
+
+
+def _searched_onednn_roots():
+    env = os.environ.get(_ENV_ONEDNN)
+    return f"${_ENV_ONEDNN}={env}" if env else f"{sys.prefix} and {site.getuserbase()}"
 
 
 def kernel_source_dir():
@@ -137,16 +201,37 @@ def _cuda_wanted():
     return True
 
 
-def kernel_build_spec(with_cuda, cuda_archs=CUDA_ARCHS):
+_AUTO = "auto"
+
+
+def kernel_build_spec(with_cuda, cuda_archs=CUDA_ARCHS, onednn=_AUTO):
     """The :class:`KernelBuildSpec` of the library, with the CUDA part for ``cuda_archs`` if ``with_cuda``.
 
-    ``build_dir`` is ``kernel_cache_root()/<hash of sources, headers, flags, MegEngine version and
-    custom-op ABI>`` (``-cuda`` appended for CUDA builds).
+    ``onednn``: a :class:`OneDNN` to compile the conv ops against, None for the BN-only library, or
+    ``"auto"``: :func:`find_onednn`, unless ``conv_dnnl.cpp`` is missing or a build with it failed before.
+    ``build_dir`` is ``kernel_cache_root()/<hash of sources, headers, flags, MegEngine version,
+    custom-op ABI and oneDNN root/version>`` (``-cuda`` appended for CUDA builds).
     """
+    if onednn == _AUTO:
+        spec = kernel_build_spec(with_cuda, cuda_archs, None)
+        have_sources = all(os.path.exists(os.path.join(kernel_source_dir(), f)) for f in _DNNL_SOURCES)
+        onednn = find_onednn() if have_sources else None
+        if onednn is None:
+            return spec
+        dnnl_spec = kernel_build_spec(with_cuda, cuda_archs, onednn)
+        return spec if os.path.exists(os.path.join(dnnl_spec.build_dir, _DNNL_FAILED)) else dnnl_spec
     src_dir = kernel_source_dir()
     sources = [os.path.join(src_dir, f) for f in _CPU_SOURCES]
     headers = [os.path.join(src_dir, f) for f in _HEADERS]
     cflags = list(_CFLAGS)
+    ldflags = list(_LDFLAGS)
+    include_dirs = [src_dir]
+    if onednn is not None:
+        sources += [os.path.join(src_dir, f) for f in _DNNL_SOURCES]
+        # -fopenmp: the conv ops set the thread count of libdnnl's OpenMP (GNU) runtime
+        cflags += ["-DBASEBN_WITH_DNNL", "-fopenmp"]
+        include_dirs.append(onednn.include_dir)
+        ldflags += ["-fopenmp", f"-L{onednn.lib_dir}", f"-l{onednn.link}", f"-Wl,-rpath,{onednn.lib_dir}"]
     cuda_cflags = []
     if with_cuda:
         sources += [os.path.join(src_dir, f) for f in _CUDA_SOURCES]
@@ -163,8 +248,11 @@ def kernel_build_spec(with_cuda, cuda_archs=CUDA_ARCHS):
             h.update(f.read())
     for part in (cflags, cuda_cflags, list(_LDFLAGS), [mge.__version__, str(get_custom_op_abi_tag())]):
         h.update(repr(part).encode())
+    if onednn is not None:  # (the BN-only key is unchanged by the oneDNN support)
+        h.update(repr((ldflags, onednn.root, onednn.version)).encode())
     build_dir = os.path.join(kernel_cache_root(), h.hexdigest()[:16] + ("-cuda" if with_cuda else ""))
-    return KernelBuildSpec(sources, headers, [src_dir], cflags, cuda_cflags, list(_LDFLAGS), with_cuda, build_dir)
+    return KernelBuildSpec(sources, headers, include_dirs, cflags, cuda_cflags, ldflags, with_cuda, build_dir,
+                           onednn, _LIB_NAME if onednn is None else _DNNL_LIB_NAME)
 
 
 def _flock(f, lock):
@@ -178,7 +266,7 @@ def _compile(spec):
     if os.path.exists(stale):  # the caller holds the flock: nobody else is building
         os.remove(stale)
     path = custom_op_tools.build_and_load(
-        _LIB_NAME, spec.sources, extra_cflags=list(spec.cflags), extra_cuda_cflags=list(spec.cuda_cflags),
+        spec.lib_name, spec.sources, extra_cflags=list(spec.cflags), extra_cuda_cflags=list(spec.cuda_cflags),
         extra_ldflags=list(spec.ldflags), extra_include_paths=list(spec.include_dirs),
         with_cuda=spec.with_cuda, build_dir=spec.build_dir)
     if path is None:  # megengine refuses a second build of one name in a process
@@ -187,9 +275,47 @@ def _compile(spec):
 
 
 def _build_and_load():
-    """Build (or reuse from the cache) and load the library; returns its info dict."""
-    spec = kernel_build_spec(_cuda_wanted())
-    lib_path = os.path.join(spec.build_dir, _LIB_NAME + "_v0.so")
+    """Build (or reuse from the cache) and load the library; returns its info dict.
+
+    With oneDNN, a failed build is recorded (``dnnl_failed.txt``) and the BN-only library is built.
+    """
+    with_cuda = _cuda_wanted()
+    spec = kernel_build_spec(with_cuda)
+    conv_error = None
+    if spec.onednn is None:
+        found = find_onednn()
+        conv_error = (f"oneDNN not found in {_searched_onednn_roots()} (pip install onednn-cpu-gomp "
+                      "onednn-devel-cpu-gomp, or set $BASEBN_ONEDNN_ROOT)" if found is None else
+                      _recorded_dnnl_failure(kernel_build_spec(with_cuda, onednn=found)))
+    else:
+        try:
+            return dict(_load_spec(spec), conv=True, onednn=spec.onednn.version, conv_error=None)
+        except Exception as exc:  # noqa: BLE001 - keep the BN kernels: build them without oneDNN
+            conv_error = f"the build with oneDNN {spec.onednn.version} failed: {_compiler_errors(exc)}"
+            with open(os.path.join(spec.build_dir, _DNNL_FAILED), "w") as f:
+                f.write(conv_error + "\n")
+            spec = kernel_build_spec(with_cuda, onednn=None)
+    return dict(_load_spec(spec), conv=False, onednn=None, conv_error=conv_error)
+
+
+def _compiler_errors(exc):
+    """The error lines of a failed build (one line), else the exception itself."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if "error" in ln.lower() and not ln.startswith("[")]
+    return " | ".join(lines[:6]) if lines else f"{type(exc).__name__}: {exc}"
+
+
+def _recorded_dnnl_failure(dnnl_spec):
+    path = os.path.join(dnnl_spec.build_dir, _DNNL_FAILED)
+    reason = "conv_dnnl.cpp is missing from the kernel sources"
+    if os.path.exists(path):
+        with open(path) as f:
+            reason = f.read().strip() + f" (recorded in {path}; delete it to retry)"
+    return reason
+
+
+def _load_spec(spec):
+    """Build (or reuse from the cache) and load the library of ``spec``; checks the ops it must hold."""
+    lib_path = os.path.join(spec.build_dir, spec.lib_name + "_v0.so")
     marker = os.path.join(spec.build_dir, "built.ok")
     os.makedirs(spec.build_dir, exist_ok=True)
     # Several processes (pytest workers, data-parallel ranks) may build at once. MegEngine's own
@@ -206,7 +332,7 @@ def _build_and_load():
                     f.write(lib_path + "\n")
         finally:
             _flock(lock_file, False)
-    for op in OP_NAMES:
+    for op in OP_NAMES + (CONV_OP_NAMES if spec.onednn is not None else ()):
         if not hasattr(custom, op):
             raise RuntimeError(f"custom op {op} missing after loading {lib_path}")
     return {"path": lib_path, "cuda": spec.with_cuda, "build_dir": spec.build_dir,
@@ -236,7 +362,10 @@ _lock = threading.Lock()
 
 
 def load_kernels(warn=False):
-    """The loaded library's info dict (``path``, ``cuda``, ``build_dir``, ``self_sync``), or None.
+    """The loaded library's info dict, or None.
+
+    Keys: ``path``, ``cuda``, ``build_dir``, ``self_sync``, ``conv`` (the oneDNN conv ops are in it),
+    ``onednn`` (its version) and ``conv_error`` (why they are not).
 
     Builds/loads on the first call only. With ``warn``, the first failure is logged once.
     """
@@ -269,3 +398,17 @@ def kernel_error():
     """Why the kernels are unavailable (None when they loaded)."""
     load_kernels(warn=False)
     return _state.error
+
+
+def conv_kernel_available():
+    """True when the oneDNN conv ops are built into the loaded kernel library."""
+    lib = load_kernels(warn=False)
+    return bool(lib is not None and lib.get("conv"))
+
+
+def conv_kernel_error():
+    """Why the oneDNN conv ops are unavailable (None when they loaded)."""
+    lib = load_kernels(warn=False)
+    if lib is None:
+        return f"the kernel library did not build: {_state.error}"
+    return lib.get("conv_error")

@@ -1,0 +1,46 @@
+"""BatchNorm2d: MegEngine's ``M.BatchNorm2d`` computed by basebn's BN ops, in one process.
+
+What ``build_norm("BN")`` builds. A subclass of ``M.BatchNorm2d``: the same state dict (keys,
+(1, C, 1, 1) float32 tensors), momentum convention (``running = momentum * running + (1 - momentum)
+* batch``, unbiased batch variance), ``freeze`` and eval behaviour, so checkpoints load both ways and
+every ``isinstance(m, M.BatchNorm2d)`` still holds. The forward is SyncBatchNorm's without any
+collective (:func:`.sync_bn.kernel_bn_forward`): the kernels, or their fallback, and the batch
+statistics stay on the device. Under ``jit.trace`` it runs MegEngine's own BN op. ``momentum=None``
+is a cumulative average (``num_batches_tracked`` is a plain attribute, not saved).
+"""
+import megengine.module as M
+from megengine.jit import tracing
+
+from .sync_bn import kernel_bn_forward
+
+__all__ = ["BatchNorm2d"]
+
+
+class BatchNorm2d(M.BatchNorm2d):
+    """``megengine.module.BatchNorm2d`` (same arguments) on basebn's BN ops; see the module doc."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.9, affine=True, track_running_stats=True,
+                 freeze=False, **kwargs):
+        super().__init__(num_features, eps=eps, momentum=0.9 if momentum is None else momentum, affine=affine,
+                         track_running_stats=track_running_stats, freeze=freeze, **kwargs)
+        self.momentum = momentum
+        self.num_batches_tracked = 0  # plain attribute: not part of the state dict
+
+    def reset_running_stats(self):
+        """Running mean 0, variance 1, and the cumulative-average counter 0."""
+        super().reset_running_stats()
+        self.num_batches_tracked = 0
+
+    def _check_input_ndim(self, inp):
+        super()._check_input_ndim(inp)
+        if inp.shape[1] != self.num_features:
+            raise ValueError(f"expected {self.num_features} channels, got input {tuple(inp.shape)}")
+
+    def forward(self, inp):
+        if tracing.is_tracing():  # a traced graph holds MegEngine's BN op (same math), never a custom op
+            if self.momentum is None:
+                raise ValueError("BatchNorm2d(momentum=None) (cumulative average) cannot run under jit.trace; "
+                                 "give it a momentum")
+            return super().forward(inp)
+        self._check_input_ndim(inp)
+        return kernel_bn_forward(self, inp)

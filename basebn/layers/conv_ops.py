@@ -1,0 +1,94 @@
+"""Raw oneDNN convolution ops (no autograd) and the choice of CPU conv backend.
+
+The ops (``basebn/kernels/conv_dnnl.cpp``) live in the BN kernel library, built with them when
+oneDNN is found (:func:`basebn.layers.bn_ops.build.find_onednn`). ``$BASEBN_CONV_BACKEND``:
+``dnnl`` (the ops; an error if they did not build), ``megengine`` (MegEngine's conv and the numpy
+weight gradient), ``auto`` (default: the ops when built, else ``megengine`` after one warning).
+Tensors are NCHW float32 on CPU; weights in MegEngine's layout, (O, C, kh, kw) or (G, O/G, C/G, kh, kw).
+"""
+import functools
+import os
+from typing import NamedTuple, Tuple
+
+from loguru import logger
+
+from megengine.core._imperative_rt.core2 import apply
+from megengine.core.ops import custom
+
+from .bn_ops import kernel
+from .bn_ops.build import KernelUnavailableError, conv_kernel_available, conv_kernel_error
+
+__all__ = ["CONV_BACKENDS", "ConvGeometry", "conv_backend", "conv_forward", "conv_backward_data",
+           "conv_backward_weights"]
+
+_ENV_BACKEND = "BASEBN_CONV_BACKEND"
+CONV_BACKENDS = ("dnnl", "megengine", "auto")
+_warned = {"fallback": False}
+
+
+def conv_backend():
+    """The CPU conv path now: ``"dnnl"`` or ``"megengine"`` (see the module docstring).
+
+    Raises ValueError for an unknown ``$BASEBN_CONV_BACKEND`` and :class:`KernelUnavailableError`
+    when ``dnnl`` is forced but the ops did not build.
+    """
+    req = os.environ.get(_ENV_BACKEND, "auto").strip().lower() or "auto"
+    if req not in CONV_BACKENDS:
+        raise ValueError(f"{_ENV_BACKEND} must be one of {CONV_BACKENDS}, got {req!r}")
+    if req == "megengine":
+        return "megengine"
+    if conv_kernel_available():
+        return "dnnl"
+    if req == "dnnl":
+        raise KernelUnavailableError(f"{_ENV_BACKEND}=dnnl but the oneDNN conv ops are unavailable: "
+                                     f"{conv_kernel_error()}")
+    if not _warned["fallback"]:
+        _warned["fallback"] = True
+        logger.warning("basebn oneDNN conv ops unavailable, CPU convs use MegEngine's (slower): {}",
+                       conv_kernel_error())
+    return "megengine"
+
+
+class ConvGeometry(NamedTuple):
+    """Stride, padding and dilation as (h, w) pairs, and the group count."""
+
+    stride: Tuple[int, int]
+    padding: Tuple[int, int]
+    dilation: Tuple[int, int]
+    groups: int
+
+    def params(self):
+        """The ops' geometry params."""
+        (sh, sw), (ph, pw), (dh, dw) = self.stride, self.padding, self.dilation
+        return dict(stride_h=int(sh), stride_w=int(sw), pad_h=int(ph), pad_w=int(pw), dilate_h=int(dh),
+                    dilate_w=int(dw), groups=int(self.groups))
+
+
+@functools.lru_cache(maxsize=1024)
+def _op(name, **params):
+    return getattr(custom, name)(**params)
+
+
+def _run(name, geom, inputs, **params):
+    kernel.ready(*inputs)  # waits for the inputs' producers when the ops cannot do it themselves
+    return apply(_op(name, **geom.params(), **params), *inputs)
+
+
+def conv_forward(x, weight, bias, geom):
+    """``conv(x, weight) + bias``; ``bias`` is None or holds O values (any shape)."""
+    b = weight if bias is None else bias.reshape(-1)  # a placeholder fills the unused slot
+    (y,) = _run("BasebnConvFwd", geom, (x, weight, b), has_bias=bias is not None)
+    return y
+
+
+def conv_backward_data(dy, weight, in_hw, geom):
+    """dx of a conv with input spatial size ``in_hw`` = (H, W), from ``dy`` and ``weight``."""
+    (dx,) = _run("BasebnConvBwdData", geom, (dy, weight), in_h=int(in_hw[0]), in_w=int(in_hw[1]))
+    return dx
+
+
+def conv_backward_weights(x, dy, kernel_hw, geom, with_bias=False):
+    """``(dW, db)``: dW dense (O, C, kh, kw) or grouped (G, O/G, C/G, kh, kw); db (O,) or None."""
+    dw, db = _run("BasebnConvBwdFilter", geom, (x, dy), kernel_h=int(kernel_hw[0]), kernel_w=int(kernel_hw[1]),
+                  has_bias=bool(with_bias))
+    return dw, (db if with_bias else None)

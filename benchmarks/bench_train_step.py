@@ -1,0 +1,589 @@
+"""One CPU training step (forward, backward, SGD update, loss.item()): basebn vs plain MegEngine vs PyTorch.
+
+    .venv/bin/python benchmarks/bench_train_step.py [--models resnet20 resnet18 mbnetv2] [--threads 1 2]
+        [--rounds 4] [--steps 2] [--warmup 2] [--torch-python PY | --install-torch] [--json OUT] [--profile]
+
+Models: ResNet-20 width 16 (small stem) on 1x28x28 batch 128; ResNet-18 (ImageNet stem) on 3x112x112
+batch 32; MobileNetV2 x1.0 on 3x112x112 batch 32. Runners, each in its own process with the same
+thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
+  basebn  build_model(...) as the trainer builds it (basebn Conv2d, BatchNorm2d), build_optimizer's SGD
+  mge     the same model with every conv / BN turned into plain M.Conv2d / M.BatchNorm2d, MegEngine's SGD
+  torch   a hand-written PyTorch equivalent (same shapes; parameter counts printed), SGD with the same
+          momentum / weight decay groups; run with --torch-python (or --install-torch: CACHE/torchvenv)
+MegEngine runs on ``--mge-device`` (default ``cpu0``: the default device the trainer uses; ``multithread``
+= ``multithreadT:0``). Rounds alternate A B C, C B A, ...; each step is timed inside its process
+(medians and minima printed, ratios of medians to torch). ``--profile``: basebn's step split by phase
+(synchronised wall times) and by op kind (MegEngine's profiler with synchronous dispatch, so a kernel's
+span is its compute, not queue waits; the numpy weight gradient and its host copies timed around the
+calls), plus torch.profiler's split of the PyTorch step. Per-conv-shape times: bench_conv_backends.py.
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import megengine as mge
+import megengine.functional as F
+import megengine.module as M
+import megengine.optimizer as optim
+from megengine.autodiff import GradManager
+from megengine.utils.profiler import Profiler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import basebn.layers.conv as conv_module  # noqa: E402
+from basebn.config import BaseConfig  # noqa: E402
+from basebn.engine.ema import ModelEMA  # noqa: E402
+from basebn.engine.optimizer import build_optimizer, param_groups  # noqa: E402
+from basebn.layers.module_tree import replace_modules  # noqa: E402
+from basebn.models import build_model  # noqa: E402
+
+CACHE = os.path.abspath(os.environ.get("BASEBN_BENCH_CACHE")
+                        or os.path.join(os.path.expanduser("~"), ".cache", "basebn", "bench"))
+MARK = "@@bench "  # worker replies start with it (MegEngine prints its own lines to stdout too)
+# name: (basebn model, build kwargs, input shape C,H,W, batch, classes)
+MODELS = {
+    "resnet20": ("resnet20", dict(in_channels=1), (1, 28, 28), 128, 10),
+    "resnet18": ("resnet18", dict(in_channels=3, stem="imagenet"), (3, 112, 112), 32, 1000),
+    "mbnetv2": ("mbnetv2_x100", dict(in_channels=3), (3, 112, 112), 32, 1000),
+}
+LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 5e-4
+
+
+def thread_env(threads):
+    """Environment of a runner process with ``threads`` threads everywhere."""
+    t = str(threads)
+    return dict(os.environ, OMP_NUM_THREADS=t, MKL_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t, BASEBN_NUM_THREADS=t)
+
+
+# ------------------------------------------------------------------------------------ MegEngine runners
+def _plain_megengine(model):
+    """``model`` with basebn's Conv2d / BatchNorm2d replaced by MegEngine's own classes (same values)."""
+    def convert(m):
+        if isinstance(m, M.Conv2d) and type(m) is not M.Conv2d:
+            new = M.Conv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation,
+                           m.groups, bias=m.bias is not None)
+        elif isinstance(m, M.BatchNorm2d) and type(m) is not M.BatchNorm2d:
+            new = M.BatchNorm2d(m.num_features, eps=m.eps, momentum=0.9 if m.momentum is None else m.momentum,
+                                affine=m.affine)
+        else:
+            return None
+        new.load_state_dict(m.state_dict())
+        return new
+
+    return replace_modules(model, convert)
+
+
+class MegEngineRunner:
+    """One model's SGD step in this process, as basebn's trainer does it or in plain MegEngine."""
+
+    def __init__(self, kind, model_key, device):
+        mge.set_default_device(device)
+        name, kwargs, shape, batch, classes = MODELS[model_key]
+        mge.random.seed(0)
+        model = build_model(name, num_classes=classes, **kwargs)
+        if kind == "mge":
+            model = _plain_megengine(model)
+        model.train()
+        solver = BaseConfig().solver
+        solver.momentum, solver.weight_decay = MOMENTUM, WEIGHT_DECAY
+        if kind == "mge":  # MegEngine's own SGD over the same parameter groups
+            optimizer = optim.SGD(param_groups(model, WEIGHT_DECAY), lr=LR, momentum=MOMENTUM)
+        else:
+            optimizer = build_optimizer(model, solver, LR)
+        self.model, self.optimizer = model, optimizer
+        self.gm = GradManager().attach(model.parameters())
+        rng = np.random.default_rng(0)
+        self.x = mge.tensor(rng.standard_normal((batch,) + shape).astype(np.float32))
+        self.y = mge.tensor(rng.integers(0, classes, batch).astype(np.int32))
+        self.params = int(sum(p.size for p in model.parameters()))
+
+    def _forward_backward(self):
+        with self.gm:
+            loss = F.nn.cross_entropy(self.model(self.x), self.y)
+            self.gm.backward(loss)
+        return loss
+
+    def step(self):
+        """One training step; returns its wall time."""
+        t0 = time.perf_counter()
+        loss = self._forward_backward()
+        self.optimizer.step()
+        self.optimizer.clear_grad()
+        loss.item()
+        return time.perf_counter() - t0
+
+    def profile(self, steps, out_dir):
+        """Phase wall times (synchronised, medians over ``steps``) and per-op-kind kernel times of one step."""
+        sync = mge._full_sync
+        phases = {k: [] for k in ("forward", "backward", "optimizer", "loss.item", "EMA update")}
+        ema = ModelEMA(self.model, 0.999)
+        wgrad = {"t": 0.0, "n": 0, "tap": 0.0}
+        original = getattr(conv_module, "conv_weight_grad", None)
+
+        def timed_wgrad(*a, **k):
+            t = time.perf_counter()
+            out = original(*a, **k)
+            wgrad["t"] += time.perf_counter() - t
+            wgrad["n"] += 1
+            return out
+
+        tap = getattr(conv_module, "_WeightGradTap", None)
+        tap_backward = tap.backward if tap is not None else None
+
+        def timed_tap(fn_self, dy):
+            t = time.perf_counter()
+            out = tap_backward(fn_self, dy)
+            wgrad["tap"] += time.perf_counter() - t
+            return out
+
+        if original is not None:
+            conv_module.conv_weight_grad = timed_wgrad
+        if tap is not None:
+            tap.backward = timed_tap
+        try:
+            for _ in range(steps):
+                sync()
+                t0 = time.perf_counter()
+                with self.gm:
+                    loss = F.nn.cross_entropy(self.model(self.x), self.y)
+                    sync()
+                    t1 = time.perf_counter()
+                    self.gm.backward(loss)
+                    sync()
+                t2 = time.perf_counter()
+                self.optimizer.step()
+                self.optimizer.clear_grad()
+                sync()
+                t3 = time.perf_counter()
+                loss.item()
+                t4 = time.perf_counter()
+                ema.update(self.model)
+                sync()
+                t5 = time.perf_counter()
+                for v, dt in zip(phases.values(), (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+                    v.append(dt)
+            # per-kernel times: MegEngine's profiler with synchronous dispatch (async_level 0), so that a
+            # kernel's span is its own compute, not time spent waiting in the queue behind host work
+            kernels, profiled = {}, {"fwd+bwd wall": 0.0, "numpy_wgrad": 0.0, "tap_copies": 0.0}
+            level, mge.config.async_level = mge.config.async_level, 0
+            try:
+                for i in range(steps):
+                    for part, fn in (("fwd+bwd", self._forward_backward),
+                                     ("optimizer", lambda: (self.optimizer.step(), self.optimizer.clear_grad())),
+                                     ("EMA update", lambda: ema.update(self.model))):
+                        d = os.path.join(out_dir, f"{part.replace('+', '_').replace(' ', '_')}_{i}")
+                        sync()
+                        wgrad["t"] = wgrad["tap"] = 0.0
+                        t0 = time.perf_counter()
+                        with Profiler(d, with_backtrace=False):
+                            fn()
+                            sync()
+                            wall = time.perf_counter() - t0
+                        if part == "fwd+bwd":
+                            profiled["fwd+bwd wall"] += wall / steps
+                            profiled["numpy_wgrad"] += wgrad["t"] / steps
+                            profiled["tap_copies"] += (wgrad["tap"] - wgrad["t"]) / steps
+                        for name, (n, sec) in _kernel_times(d).items():
+                            c = kernels.setdefault(part, {}).setdefault(name, [0, 0.0])
+                            c[0] += n / steps
+                            c[1] += sec / steps
+            finally:
+                mge.config.async_level = level
+        finally:
+            if original is not None:
+                conv_module.conv_weight_grad = original
+            if tap is not None:
+                tap.backward = tap_backward
+        return {"phases": {k: statistics.median(v) for k, v in phases.items()},
+                "profiled": profiled, "kernels": kernels}
+
+
+def _kernel_times(trace_dir):
+    """{op name: [count, seconds]} of the device kernels in the profiler's chrome trace."""
+    files = glob.glob(os.path.join(trace_dir, "*.json"))
+    events = json.load(open(files[0]))["traceEvents"] if files else []
+    out, stack = {}, []
+    for e in (e for e in events if e.get("cat") == "Kernel"):  # in execution order, one device thread
+        if e["ph"] == "B":
+            stack.append(e)
+        elif stack:
+            b = stack.pop()
+            c = out.setdefault(b["name"], [0, 0.0])
+            c[0] += 1
+            c[1] += (e["ts"] - b["ts"]) * 1e-6
+    return out
+
+
+def op_kind(name, part):
+    """The row of the profile table a MegEngine kernel named ``name`` (run in ``part``) belongs to."""
+    if part != "fwd+bwd":
+        return part
+    low = name.lower()
+    if "conv" in low:
+        if "backwarddata" in low or "bwddata" in low or "bwd_data" in low:
+            return "conv bwd-data"
+        if any(k in low for k in ("backwardfilter", "bwdfilter", "weight", "bwdw", "bwd_w")):
+            return "conv bwd-weights"
+        return "conv fwd"
+    if name in ("BasebnBnStats", "BasebnBnNormalize", "BatchNorm"):
+        return "BN fwd (kernels)"
+    if name in ("BasebnBnBackwardReduce", "BasebnBnBackwardElemt", "BatchNormBackward"):
+        return "BN bwd (kernels)"
+    if name in ("RELU", "SWITCH_GT0", "FUSE_ADD_RELU", "ADD", "RELU6", "RELU6_GRAD", "CLIP", "MIN", "MAX"):
+        return "ReLU/add/clip (elementwise)"
+    if name in ("HostToDevice", "DeviceToHost", "GetValue", "Copy"):
+        return "host copies"
+    return "other kernels"
+
+
+def worker_main(args):
+    """A MegEngine runner serving commands on stdin: run N steps, profile, quit."""
+    runner = MegEngineRunner(args.worker, args.model, args.device)
+    for _ in range(args.warmup):
+        runner.step()
+    _reply({"ready": True, "params": runner.params})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "run":
+            _reply({"times": [runner.step() for _ in range(cmd["steps"])]})
+        elif cmd["cmd"] == "profile":
+            _reply({"profile": runner.profile(cmd["steps"], cmd["dir"])})
+        else:
+            break
+
+
+def _reply(obj):
+    sys.stdout.write(MARK + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------------ PyTorch runner
+TORCH_WORKER = r'''
+import json, statistics, sys, time
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+MARK = "@@bench "
+
+class Basic(nn.Module):
+    def __init__(self, cin, w, stride):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, w, 3, stride, 1, bias=False), nn.BatchNorm2d(w)
+        self.conv2, self.bn2 = nn.Conv2d(w, w, 3, 1, 1, bias=False), nn.BatchNorm2d(w)
+        self.down = None
+        if stride != 1 or cin != w:
+            self.down = nn.Sequential(nn.Conv2d(cin, w, 1, stride, bias=False), nn.BatchNorm2d(w))
+    def forward(self, x):
+        idt = x if self.down is None else self.down(x)
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + idt)
+
+class ResNet(nn.Module):
+    def __init__(self, depths, widths, cin, classes, imagenet):
+        super().__init__()
+        if imagenet:
+            self.stem = nn.Sequential(nn.Conv2d(cin, widths[0], 7, 2, 3, bias=False), nn.BatchNorm2d(widths[0]),
+                                      nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        else:
+            self.stem = nn.Sequential(nn.Conv2d(cin, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]),
+                                      nn.ReLU())
+        blocks, c = [], widths[0]
+        for i, (d, w) in enumerate(zip(depths, widths)):
+            for j in range(d):
+                blocks.append(Basic(c, w, 2 if i > 0 and j == 0 else 1))
+                c = w
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(c, classes)
+    def forward(self, x):
+        return self.fc(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+def cbr(cin, cout, k, stride=1, groups=1, act=True):
+    layers = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    return layers + ([nn.ReLU6()] if act else [])
+
+class InvRes(nn.Module):
+    def __init__(self, cin, cout, stride, exp):
+        super().__init__()
+        mid = cin * exp
+        layers = (cbr(cin, mid, 1) if exp != 1 else []) + cbr(mid, mid, 3, stride, mid) + cbr(mid, cout, 1, act=False)
+        self.body = nn.Sequential(*layers)
+        self.skip = stride == 1 and cin == cout
+    def forward(self, x):
+        return x + self.body(x) if self.skip else self.body(x)
+
+class MBv2(nn.Module):
+    def __init__(self, cin, classes):
+        super().__init__()
+        layers, c = cbr(cin, 32, 3, 2), 32
+        for d, w, s, e in zip([1, 2, 3, 4, 3, 3, 1], [16, 24, 32, 64, 96, 160, 320], [1, 2, 2, 2, 1, 2, 1],
+                              [1, 6, 6, 6, 6, 6, 6]):
+            for j in range(d):
+                layers.append(InvRes(c, w, s if j == 0 else 1, e))
+                c = w
+        self.features = nn.Sequential(*layers, *cbr(c, 1280, 1))
+        self.drop, self.fc = nn.Dropout(0.2), nn.Linear(1280, classes)
+    def forward(self, x):
+        return self.fc(self.drop(self.features(x).mean(dim=(2, 3))))
+
+def build(key):
+    if key == "resnet20":
+        return ResNet([3, 3, 3], [16, 32, 64], 1, 10, False), (128, 1, 28, 28), 10
+    if key == "resnet18":
+        return ResNet([2, 2, 2, 2], [64, 128, 256, 512], 3, 1000, True), (32, 3, 112, 112), 1000
+    return MBv2(3, 1000), (32, 3, 112, 112), 1000
+
+def kind(name):
+    n = name.lower()
+    if "convolution_backward" in n:
+        return "conv bwd (data + weights)"
+    if "conv" in n:
+        return "conv fwd"
+    if "batch_norm_backward" in n:
+        return "BN bwd"
+    if "batch_norm" in n:
+        return "BN fwd"
+    if any(k in n for k in ("relu", "threshold", "hardtanh", "add", "clamp")):
+        return "ReLU/add/clip (elementwise)"
+    return "other"
+
+torch.manual_seed(0)
+torch.set_num_threads(int(sys.argv[2]))
+model, shape, classes = build(sys.argv[1])
+model.train()
+decay = [p for p in model.parameters() if p.ndim > 1]
+other = [p for p in model.parameters() if p.ndim <= 1]
+opt = torch.optim.SGD([{"params": decay, "weight_decay": float(sys.argv[5])}, {"params": other, "weight_decay": 0.0}],
+                      lr=float(sys.argv[3]), momentum=float(sys.argv[4]))
+x = torch.randn(shape)
+y = torch.randint(0, classes, (shape[0],))
+
+def step():
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    loss.item()
+    return time.perf_counter() - t0
+
+for _ in range(int(sys.argv[6])):
+    step()
+print(MARK + json.dumps({"ready": True, "params": sum(p.numel() for p in model.parameters()),
+                         "version": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
+for line in sys.stdin:
+    cmd = json.loads(line)
+    if cmd["cmd"] == "run":
+        out = {"times": [step() for _ in range(cmd["steps"])]}
+    elif cmd["cmd"] == "profile":
+        from torch.profiler import ProfilerActivity, profile
+        walls = []
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(cmd["steps"]):
+                walls.append(step())
+        rows = {}
+        for e in prof.key_averages():
+            if e.key.startswith("Optimizer.step"):
+                rows["optimizer"] = rows.get("optimizer", 0.0) + e.cpu_time_total * 1e-6 / cmd["steps"]
+            elif e.key.startswith("aten::") and not e.key.startswith("aten::_foreach") and "sgd" not in e.key:
+                k = kind(e.key)
+                rows[k] = rows.get(k, 0.0) + e.self_cpu_time_total * 1e-6 / cmd["steps"]
+        out = {"profile": {"kinds": rows, "step": statistics.median(walls)}}
+    else:
+        break
+    print(MARK + json.dumps(out), flush=True)
+'''
+
+
+# ------------------------------------------------------------------------------------ driver
+class Runner:
+    """A runner process driven over a pipe; its replies are the lines starting with MARK."""
+
+    def __init__(self, name, argv, env, log):
+        self.name = name
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     text=True, env=env, cwd=ROOT)
+        self.info = self._read()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
+        raise RuntimeError(f"runner {self.name} died (log: {self.log.name})")
+
+    def call(self, **cmd):
+        """Send one command, return its reply."""
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self):
+        """Ask the runner to stop and wait for it."""
+        try:
+            self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+            self.proc.stdin.close()
+        except (BrokenPipeError, ValueError):
+            pass
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+
+def torch_python(args):
+    """The interpreter that runs the PyTorch runner, creating CACHE/torchvenv with --install-torch."""
+    if args.torch_python:
+        return args.torch_python
+    py = os.path.join(CACHE, "torchvenv", "bin", "python")
+    if not os.path.exists(py) and args.install_torch:
+        subprocess.run([sys.executable, "-m", "venv", os.path.dirname(os.path.dirname(py))], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", "torch", "numpy"], check=True)
+    return py if os.path.exists(py) else None
+
+
+def start_runners(args, model, threads, tmp):
+    env = thread_env(threads)
+    device = "cpu0" if args.mge_device == "cpu0" or threads == 1 else f"multithread{threads}:0"
+    runners = []
+    for kind in args.runners:
+        log = os.path.join(tmp, f"{kind}_{model}_{threads}.log")
+        if kind == "torch":
+            if args.torch:
+                worker = os.path.join(tmp, "torch_worker.py")
+                with open(worker, "w") as f:
+                    f.write(TORCH_WORKER)
+                argv = [args.torch, worker, model, str(threads), str(LR), str(MOMENTUM), str(WEIGHT_DECAY),
+                        str(args.warmup)]
+                runners.append(Runner(kind, argv, env, log))
+            continue
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", model,
+                "--device", device, "--warmup", str(args.warmup)]
+        runners.append(Runner(kind, argv, env, log))
+    return runners, device
+
+
+def measure(runners, rounds, steps):
+    times = {r.name: [] for r in runners}
+    for i in range(rounds):
+        for r in (runners if i % 2 == 0 else runners[::-1]):
+            times[r.name] += r.call(cmd="run", steps=steps)["times"]
+    return times
+
+
+def print_profile(model, threads, prof, torch_prof):
+    """The basebn step split by phase and op kind (ms), next to torch.profiler's split."""
+    ph = prof["phases"]
+    rows, others = {}, {}
+    for part, kernels in prof["kernels"].items():
+        for name, (_, sec) in kernels.items():
+            k = op_kind(name, part)
+            rows[k] = rows.get(k, 0.0) + sec
+            if k == "other kernels":
+                others[name] = others.get(name, 0.0) + sec
+    pr = prof["profiled"]
+    if pr["numpy_wgrad"]:
+        rows["conv bwd-weights (numpy, host)"] = pr["numpy_wgrad"]
+        rows["host copies at the numpy weight-grad boundary"] = pr["tap_copies"]
+    fb_kernels = sum(v for k, v in rows.items() if k not in ("optimizer", "EMA update"))
+    # the profiler itself slows the host down: the rest is taken from the unprofiled phase walls
+    rows["host: python, dispatch (fwd+bwd wall - above)"] = max(0.0, ph["forward"] + ph["backward"] - fb_kernels)
+    rows["optimizer (wall)"] = ph["optimizer"]
+    rows["loss.item (wall)"] = ph["loss.item"]
+    rows["EMA update (wall; not in the default step)"] = ph["EMA update"]
+    print(f"\nprofile: basebn {model}, {threads} thread(s); phases (synchronised wall, ms): "
+          + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ph.items())
+          + f"; fwd+bwd under the profiler (synchronous dispatch): {pr['fwd+bwd wall'] * 1e3:.1f}")
+    print(f"  {'op kind':58s} {'basebn ms':>10s}")
+    for k, v in sorted(rows.items(), key=lambda kv: -kv[1]):
+        if k in ("optimizer", "EMA update"):
+            k = f"{k} (kernels)"
+        print(f"  {k:58s} {v * 1e3:10.1f}")
+    print("  other kernels: " + ", ".join(f"{n} {v * 1e3:.1f}" for n, v in sorted(others.items(), key=lambda kv: -kv[1])[:8]))
+    if torch_prof:
+        print(f"  torch.profiler, PyTorch step {torch_prof['step'] * 1e3:.1f} ms (profiled):")
+        for k, v in sorted(torch_prof["kinds"].items(), key=lambda kv: -kv[1]):
+            print(f"  {'torch ' + k:58s} {v * 1e3:10.1f}")
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"], choices=["basebn", "mge", "torch"])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per runner per round")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--mge-device", choices=["cpu0", "multithread"], default="cpu0")
+    ap.add_argument("--torch-python", help="a python with torch (else CACHE/torchvenv)")
+    ap.add_argument("--install-torch", action="store_true", help="create CACHE/torchvenv and pip install torch")
+    ap.add_argument("--profile", action="store_true", help="also profile basebn's step and PyTorch's")
+    ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--worker", choices=["basebn", "mge"], help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--device", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    args.torch = torch_python(args) if "torch" in args.runners else None
+    if "torch" in args.runners and not args.torch:
+        print("PyTorch not found: pass --torch-python PY or --install-torch; running without it")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench_train_step_") as tmp:
+        for threads in args.threads:
+            for model in args.models:
+                runners, device = start_runners(args, model, threads, tmp)
+                try:
+                    times = measure(runners, args.rounds, args.steps)
+                    res = {"model": model, "threads": threads, "mge_device": device,
+                           "params": {r.name: r.info["params"] for r in runners}, "times": times}
+                    if args.profile:
+                        named = {r.name: r for r in runners}
+                        prof = named["basebn"].call(cmd="profile", steps=args.profile_steps,
+                                                    dir=os.path.join(tmp, f"prof_{model}_{threads}"))["profile"]
+                        tprof = (named["torch"].call(cmd="profile", steps=args.profile_steps)["profile"]
+                                 if "torch" in named else None)
+                        res["profile"] = {"basebn": prof, "torch": tprof}
+                        res["profile_rows"] = print_profile(model, threads, prof, tprof)
+                finally:
+                    for r in runners:
+                        r.close()
+                results.append(res)
+                print_row(res, header=len(results) == 1)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def print_row(res, header):
+    """One table line: median / min ms per runner, ratios of medians to torch."""
+    if header:
+        print(f"\n{'model':9s} {'thr':>3s} {'device':>14s}  {'basebn med/min ms':>18s} {'mge med/min ms':>16s} "
+              f"{'torch med/min ms':>17s} {'basebn/torch':>12s} {'mge/torch':>9s}  params b/m/t")
+    t = res["times"]
+    med = {k: statistics.median(v) * 1e3 for k, v in t.items() if v}
+    mn = {k: min(v) * 1e3 for k, v in t.items() if v}
+
+    def cell(k, w):
+        return f"{med[k]:.0f}/{mn[k]:.0f}".rjust(w) if k in med else "-".rjust(w)
+
+    def ratio(k, w):
+        return f"{med[k] / med['torch']:.2f}x".rjust(w) if k in med and "torch" in med else "-".rjust(w)
+
+    p = res["params"]
+    print(f"{res['model']:9s} {res['threads']:3d} {res['mge_device']:>14s}  {cell('basebn', 18)} {cell('mge', 16)} "
+          f"{cell('torch', 17)} {ratio('basebn', 12)} {ratio('mge', 9)}  "
+          f"{'/'.join(str(p.get(k, '-')) for k in ('basebn', 'mge', 'torch'))}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,339 @@
+"""basebn's oneDNN conv ops (through conv2d / Conv2d) against a float64 numpy reference written from the math.
+
+Every check is a relative error max|a - b| / max|b|: 1e-5 for one conv (float32 sums of at most
+a few hundred products), 1e-4 for a whole ResNet-20 SGD step against MegEngine's conv path (the
+two round differently through 20 layers of BN). Skipped when the ops did not build here.
+"""
+import copy
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from loguru import logger
+
+import megengine as mge
+import megengine.optimizer as optim
+from megengine.autodiff import GradManager
+
+from basebn.layers import conv as conv_module
+from basebn.layers import conv_ops
+from basebn.layers.bn_ops import KernelUnavailableError, build
+from basebn.layers.conv import Conv2d, conv2d, fast_cpu_weight_grad
+from basebn.models import build_model
+from tests.support import ROOT
+
+TOL = 1e-5
+pytestmark = pytest.mark.skipif(not build.conv_kernel_available(),
+                                reason=f"oneDNN conv ops unavailable: {build.conv_kernel_error()}")
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def pair(v):
+    return tuple(v) if isinstance(v, tuple) else (v, v)
+
+
+def taps(x_shape, w_shape, stride, pad, dil):
+    """Per kernel tap (i, j): the slices of the padded input it meets, and the output size."""
+    (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(pad), pair(dil)
+    h, w = x_shape[2] + 2 * ph, x_shape[3] + 2 * pw
+    kh, kw = w_shape[-2:]
+    ho, wo = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+    out = []
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
+            cols = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
+            out.append((i, j, (slice(None), slice(None), rows, cols)))
+    return out, (ho, wo), (ph, pw)
+
+
+def reference(x, w, b, dy, stride, pad, dil, groups):
+    """float64 y, dx, dW, db of
+    y[n, o, h, w] = b[o] + sum_{c in group(o), i, j} xpad[n, c, h*s + i*d, w*s + j*d] * w[o, c, i, j]."""
+    x, w, dy = (np.asarray(a, np.float64) for a in (x, w, dy))
+    n, c = x.shape[:2]
+    o, cg = w.shape[0], w.shape[1]
+    og = o // groups
+    taplist, (ho, wo), (ph, pw) = taps(x.shape, w.shape, stride, pad, dil)
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    y, dxp, dw = np.zeros((n, o, ho, wo)), np.zeros_like(xp), np.zeros_like(w)
+    dy_g = dy.reshape(n, groups, og, ho, wo)
+    for i, j, sl in taplist:
+        win = xp[sl].reshape(n, groups, cg, ho, wo)
+        wg = w[:, :, i, j].reshape(groups, og, cg)
+        y += np.einsum("ngchw,goc->ngohw", win, wg).reshape(n, o, ho, wo)
+        dw[:, :, i, j] = np.einsum("ngohw,ngchw->goc", dy_g, win).reshape(o, cg)
+        dxp[sl] += np.einsum("ngohw,goc->ngchw", dy_g, wg).reshape(n, c, ho, wo)
+    if b is not None:
+        y += np.asarray(b, np.float64).reshape(1, o, 1, 1)
+    dx = dxp[:, :, ph: ph + x.shape[2], pw: pw + x.shape[3]]
+    return y, dx, dw, dy.sum(axis=(0, 2, 3))
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """Counts of the oneDNN op calls conv.py makes (proves which path ran)."""
+    calls = {"fwd": 0, "bwd-data": 0, "bwd-w": 0}
+    for key, name in (("fwd", "conv_forward"), ("bwd-data", "conv_backward_data"), ("bwd-w", "conv_backward_weights")):
+        def counted(*a, _f=getattr(conv_module, name), _k=key, **kw):
+            calls[_k] += 1
+            return _f(*a, **kw)
+        monkeypatch.setattr(conv_module, name, counted)
+    return calls
+
+
+# (N, C, H, W, O, kernel (kh, kw), stride, padding, dilation, groups, bias)
+CASES = {
+    "1x1": (2, 8, 5, 5, 16, (1, 1), 1, 0, 1, 1, False),
+    "1x1 s2 bias": (2, 16, 6, 6, 32, (1, 1), 2, 0, 1, 1, True),
+    "3x3": (2, 4, 7, 7, 6, (3, 3), 1, 1, 1, 1, True),
+    "3x3 s2": (2, 4, 8, 8, 6, (3, 3), 2, 1, 1, 1, False),
+    "5x5": (1, 3, 9, 9, 4, (5, 5), 1, 2, 1, 1, True),
+    "7x7 s2 stem": (2, 3, 13, 13, 8, (7, 7), 2, 3, 1, 1, False),
+    "dilation 2, groups 3": (1, 3, 9, 9, 3, (3, 3), 1, 2, 2, 3, True),
+    "groups 2 s2": (2, 4, 8, 8, 6, (3, 3), 2, 1, 1, 2, False),
+    "depthwise": (2, 16, 7, 7, 16, (3, 3), 1, 1, 1, 16, False),
+    "depthwise s2 bias": (2, 8, 8, 8, 8, (3, 3), 2, 1, 1, 8, True),
+    "depthwise x2 5x5": (1, 4, 6, 6, 8, (5, 5), 1, 2, 1, 4, False),
+    "N=1 C=1": (1, 1, 5, 5, 2, (3, 3), 1, 1, 1, 1, True),
+    "1x1 image": (3, 4, 1, 1, 5, (1, 1), 1, 0, 1, 1, True),
+    "1x1 image 3x3 pad": (2, 4, 1, 1, 5, (3, 3), 1, 1, 1, 1, False),
+    "non-square": (2, 3, 5, 9, 4, (3, 5), (1, 2), (1, 2), (2, 1), 1, True),
+    "no padding, odd": (2, 2, 6, 7, 3, (3, 3), 2, 0, 1, 1, False),
+}
+
+
+def make_inputs(case, seed=0):
+    n, c, h, w, o, (kh, kw), stride, pad, dil, groups, bias = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wd = rng.standard_normal((o, c // groups, kh, kw)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32) if bias else None
+    return x, wd, b, rng
+
+
+def run_case(case, x, wd, b, dy, transpose_x=False):
+    """conv2d forward + backward of sum(y * dy); returns numpy y, dx, dW (dense view), db."""
+    n, c, h, w, o, (kh, kw), stride, pad, dil, groups, bias = case
+    wt = wd.reshape(groups, o // groups, c // groups, kh, kw) if groups > 1 else wd
+    xt = mge.Parameter(np.ascontiguousarray(x.transpose(0, 1, 3, 2)) if transpose_x else x)
+    wp = mge.Parameter(wt)
+    bp = mge.Parameter(b.reshape(1, -1, 1, 1)) if b is not None else None
+    gm = GradManager().attach([xt, wp] + ([bp] if bp is not None else []))
+    with gm:
+        # transpose_x: a non-contiguous x, the transposed view of a contiguous (N, C, W, H) tensor
+        y = conv2d(xt.transpose(0, 1, 3, 2) if transpose_x else xt, wp, bp, stride, pad, dil, groups)
+        gm.backward((y * mge.tensor(dy)).sum())
+    dx = xt.grad.numpy()
+    if transpose_x:
+        dx = dx.transpose(0, 1, 3, 2)
+    return y.numpy(), dx, wp.grad.numpy().reshape(wd.shape), (bp.grad.numpy().ravel() if bp is not None else None)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_values_and_gradients_match_float64_reference(name, op_calls):
+    case = CASES[name]
+    stride, pad, dil, groups = case[6:10]
+    x, wd, b, rng = make_inputs(case)
+    ho_wo = taps(x.shape, wd.shape, stride, pad, dil)[1]
+    dy = rng.standard_normal((x.shape[0], wd.shape[0]) + ho_wo).astype(np.float32)
+    y_ref, dx_ref, dw_ref, db_ref = reference(x, wd, b, dy, stride, pad, dil, groups)
+    y, dx, dw, db = run_case(case, x, wd, b, dy)
+    assert op_calls == {"fwd": 1, "bwd-data": 1, "bwd-w": 1}
+    assert rel_err(y, y_ref) <= TOL
+    assert rel_err(dx, dx_ref) <= TOL
+    assert rel_err(dw, dw_ref) <= TOL
+    if b is not None:
+        assert rel_err(db, db_ref) <= TOL
+
+
+@pytest.mark.parametrize("name", ["3x3 s2", "depthwise s2 bias", "non-square"])
+def test_non_contiguous_input_and_gradient(name, op_calls):
+    """x is a transposed view; dy arrives transposed too (the loss reads y through a transpose)."""
+    case = CASES[name]
+    stride, pad, dil, groups = case[6:10]
+    x, wd, b, rng = make_inputs(case, seed=3)
+    ho_wo = taps(x.shape, wd.shape, stride, pad, dil)[1]
+    dy = rng.standard_normal((x.shape[0], wd.shape[0]) + ho_wo).astype(np.float32)
+    y_ref, dx_ref, dw_ref, db_ref = reference(x, wd, b, dy, stride, pad, dil, groups)
+    y, dx, dw, db = run_case(case, x, wd, b, dy, transpose_x=True)
+    assert op_calls["fwd"] == 1
+    for got, ref in ((y, y_ref), (dx, dx_ref), (dw, dw_ref)) + (((db, db_ref),) if b is not None else ()):
+        assert rel_err(got, ref) <= TOL
+
+
+def test_only_recorded_gradients_are_computed(op_calls):
+    """A stem conv (input not recorded) skips the data gradient; no GradManager: forward only."""
+    case = CASES["3x3"]
+    x, wd, b, rng = make_inputs(case)
+    wp = mge.Parameter(wd)
+    gm = GradManager().attach([wp])
+    with gm:
+        y = conv2d(mge.tensor(x), wp, None, 1, 1)
+        gm.backward(y.sum())
+    assert op_calls == {"fwd": 1, "bwd-data": 0, "bwd-w": 1}
+    ones = np.ones(y.shape, np.float32)
+    assert rel_err(wp.grad.numpy(), reference(x, wd, None, ones, 1, 1, 1, 1)[2]) <= TOL
+    conv2d(mge.tensor(x), wp, None, 1, 1)
+    assert op_calls == {"fwd": 2, "bwd-data": 0, "bwd-w": 1}
+
+
+def test_fast_path_off_is_plain_megengine(op_calls):
+    """fast_cpu_weight_grad(False) (jit.trace, exporters) never reaches a custom op."""
+    x, wd, b, rng = make_inputs(CASES["3x3"])
+    old = fast_cpu_weight_grad()
+    try:
+        fast_cpu_weight_grad(False)
+        wp = mge.Parameter(wd)
+        gm = GradManager().attach([wp])
+        with gm:
+            y = conv2d(mge.tensor(x), wp, mge.tensor(b.reshape(1, -1, 1, 1)), 1, 1)
+            gm.backward(y.sum())
+    finally:
+        fast_cpu_weight_grad(old)
+    assert op_calls == {"fwd": 0, "bwd-data": 0, "bwd-w": 0}
+    assert rel_err(y.numpy(), reference(x, wd, b, np.zeros(y.shape), 1, 1, 1, 1)[0]) <= TOL
+
+
+def sgd_step(model, x, labels, threads=None):
+    """One SGD (momentum, weight decay) step in train mode; returns {name: new value}."""
+    model = copy.deepcopy(model)
+    model.train()
+    params = list(model.parameters())
+    opt = optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4)
+    gm = GradManager().attach(params)
+    with gm:
+        logits = model(mge.tensor(x))
+        loss = mge.functional.nn.cross_entropy(logits, mge.tensor(labels))
+        gm.backward(loss)
+    opt.step()
+    return {k: v.numpy().copy() for k, v in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def resnet_and_batch():
+    mge.random.seed(0)
+    model = build_model("resnet20", num_classes=10, in_channels=3, zero_init_residual=False)
+    rng = np.random.default_rng(0)
+    return model, rng.standard_normal((4, 3, 16, 16)).astype(np.float32), rng.integers(0, 10, 4).astype(np.int32)
+
+
+def test_resnet20_sgd_step_matches_megengine_path(resnet_and_batch, monkeypatch, op_calls):
+    model, x, labels = resnet_and_batch
+    before = {k: v.numpy().copy() for k, v in model.named_parameters()}
+    ours = sgd_step(model, x, labels)
+    n_convs = sum(isinstance(m, Conv2d) for m in model.modules())
+    assert op_calls["fwd"] == n_convs and op_calls["bwd-w"] == n_convs and op_calls["bwd-data"] == n_convs - 1
+    monkeypatch.setenv("BASEBN_CONV_BACKEND", "megengine")
+    theirs = sgd_step(model, x, labels)
+    assert op_calls["fwd"] == n_convs  # the second step ran on MegEngine's convs
+    for k in before:  # compare the updates (new - old), not the weights they are small against
+        assert rel_err(ours[k] - before[k], theirs[k] - before[k]) <= 1e-4, k
+
+
+@pytest.mark.parametrize("threads", [None, "2"])
+def test_training_step_is_deterministic(resnet_and_batch, monkeypatch, threads):
+    if threads:
+        monkeypatch.setenv("BASEBN_NUM_THREADS", threads)
+    model, x, labels = resnet_and_batch
+    a, b = sgd_step(model, x, labels), sgd_step(model, x, labels)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.mark.parametrize("groups", [1, 32])
+def test_weight_gradient_op_is_bitwise_repeatable(monkeypatch, groups):
+    """oneDNN 3.2 has no `deterministic` attribute: its CPU weight gradient is checked to repeat bitwise
+    (2 threads: the batch reduction is split between them) on a ResNet-20 / depthwise sized problem."""
+    monkeypatch.setenv("BASEBN_NUM_THREADS", "2")
+    rng = np.random.default_rng(5)
+    x = mge.tensor(rng.standard_normal((32, 32, 14, 14)).astype(np.float32))
+    dy = mge.tensor(rng.standard_normal((32, 32, 14, 14)).astype(np.float32))
+    geom = conv_ops.ConvGeometry((1, 1), (1, 1), (1, 1), groups)
+    runs = [conv_ops.conv_backward_weights(x, dy, (3, 3), geom, with_bias=True) for _ in range(3)]
+    for dw, db in runs[1:]:
+        np.testing.assert_array_equal(dw.numpy(), runs[0][0].numpy())
+        np.testing.assert_array_equal(db.numpy(), runs[0][1].numpy())
+
+
+def test_backend_selection(monkeypatch):
+    monkeypatch.setenv("BASEBN_CONV_BACKEND", "megengine")
+    assert conv_ops.conv_backend() == "megengine"
+    monkeypatch.setenv("BASEBN_CONV_BACKEND", "dnnl")
+    assert conv_ops.conv_backend() == "dnnl"
+    monkeypatch.setenv("BASEBN_CONV_BACKEND", "mkldnn")
+    with pytest.raises(ValueError, match="BASEBN_CONV_BACKEND must be one of"):
+        conv_ops.conv_backend()
+
+
+def test_fallback_without_onednn_warns_once(monkeypatch, op_calls):
+    """Ops missing (simulated): conv2d/Conv2d still compute the right values and gradients, one warning."""
+    monkeypatch.setattr(conv_ops, "conv_kernel_available", lambda: False)
+    monkeypatch.setattr(conv_ops, "conv_kernel_error", lambda: "simulated: no oneDNN")
+    monkeypatch.setitem(conv_ops._warned, "fallback", False)
+    messages = []
+    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING")
+    try:
+        case = CASES["groups 2 s2"]
+        x, wd, b, rng = make_inputs(case)
+        dy = rng.standard_normal((2, 6, 4, 4)).astype(np.float32)
+        y_ref, dx_ref, dw_ref, _ = reference(x, wd, b, dy, 2, 1, 1, 2)
+        for _ in range(2):
+            y, dx, dw, _ = run_case(case, x, wd, b, dy)
+            assert rel_err(y, y_ref) <= TOL and rel_err(dx, dx_ref) <= TOL and rel_err(dw, dw_ref) <= TOL
+        monkeypatch.setenv("BASEBN_CONV_BACKEND", "dnnl")
+        with pytest.raises(KernelUnavailableError, match="simulated: no oneDNN"):
+            conv2d(mge.tensor(x), mge.tensor(wd.reshape(2, 3, 2, 3, 3)), None, 2, 1, 1, 2)
+    finally:
+        logger.remove(sink)
+    assert op_calls == {"fwd": 0, "bwd-data": 0, "bwd-w": 0}
+    assert sum("simulated: no oneDNN" in m for m in messages) == 1
+
+
+PROBE = """
+import numpy as np, megengine as mge
+from basebn.layers import bn_ops
+from basebn.layers.conv import conv2d
+y = conv2d(mge.tensor(np.ones((1, 2, 4, 4), np.float32)), mge.tensor(np.ones((3, 2, 3, 3), np.float32)), padding=1)
+print("RESULT", bn_ops.backend(), bn_ops.conv_kernel_available(), float(y.numpy()[0, 0, 1, 1]),
+      bn_ops.conv_kernel_error().replace("\\n", " "))
+"""
+
+
+@pytest.mark.slow
+def test_missing_onednn_builds_bn_only_library():
+    """$BASEBN_ONEDNN_ROOT at a missing directory: the BN kernels still load, the conv falls back and says why.
+    (Slow on a cold cache: it compiles the BN-only library; 2 s when that is cached.)"""
+    env = dict(os.environ, BASEBN_ONEDNN_ROOT=os.path.join(ROOT, "no-such-onednn"), BASEBN_CONV_BACKEND="auto",
+               PYTHONPATH=ROOT)
+    res = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")][-1].split(" ", 4)
+    assert line[1:4] == ["kernel", "False", "18.0"]  # 2 channels x 9 taps of ones
+    assert "oneDNN not found" in line[4] and "no-such-onednn" in line[4]
+    assert res.stderr.count("oneDNN conv ops unavailable") == 1
+
+
+@pytest.mark.slow
+def test_failed_onednn_build_keeps_bn_kernels(tmp_path):
+    """conv_dnnl.cpp that does not compile: the BN-only library is built, and the failure is recorded once."""
+    src = tmp_path / "kernels"
+    src.mkdir()
+    for f in os.listdir(build.kernel_source_dir()):
+        text = open(os.path.join(build.kernel_source_dir(), f)).read()
+        (src / f).write_text(text + ("\n#error simulated oneDNN build failure\n" if f == "conv_dnnl.cpp" else ""))
+    env = dict(os.environ, BASEBN_KERNEL_DIR=str(src), BASEBN_KERNEL_CACHE=str(tmp_path / "cache"), PYTHONPATH=ROOT)
+    env.pop("BASEBN_ONEDNN_ROOT", None)
+    for attempt in range(2):  # the second process reads the recorded failure instead of compiling again
+        res = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stdout + res.stderr
+        line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")][-1].split(" ", 4)
+        assert line[1:4] == ["kernel", "False", "18.0"]
+        assert "simulated oneDNN build failure" in line[4] and ("recorded in" in line[4]) == (attempt == 1)
