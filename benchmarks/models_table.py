@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/models_table.py [NAME ...] > /tmp/models_table.md
 
-Builds each model (1000 classes; 10 for the 32-px CIFAR families), counts parameters and MACs with basebn.tools.summary (one 1-image
-forward at the model's default input size, once per name) and names the BN features
-tests/test_model_bn_features.py verifies on the family's representative. Takes a few minutes on CPU.
+Builds each model (1000 classes; 10 for the 32-px CIFAR families), counts parameters and MACs with
+basebn.tools.summary (one 1-image forward at the model's default input size, once per name) and names the BN features
+tests/models/test_model_bn_features.py verifies on the family's representative. Takes a few minutes on CPU.
 """
 import gc
 import os
@@ -16,11 +16,12 @@ import megengine as mge  # noqa: E402
 
 from basebn.models import build_model, list_models, model_info  # noqa: E402
 from basebn.tools.summary import summarize  # noqa: E402
-from tests.test_model_bn_features import REPRESENTATIVES, ZERO_INIT_FAMILIES  # noqa: E402
+from tests.models.test_model_bn_features import REPRESENTATIVES, ZERO_INIT_FAMILIES  # noqa: E402
 
 FEATURES = "E F S Fz P W"
-LEGEND = ("BN features verified (tests/test_model_bn_features.py, on the family's smallest model, named; the "
-          "EfficientNets at half width, snetv2p narrower, vgg11_bn with 64-wide fcs, all at 8-32 px): "
+LEGEND = ("BN features verified (tests/models/test_model_bn_features.py, on the family's smallest model, named; "
+          "the EfficientNets at half width, snetv2p narrower, vgg11_bn with 64-wide fcs, hrnet_w18_small_v1 narrowed "
+          "(branches 8-64 wide, 64-wide head conv), all at 8-32 px): "
           "E efficient conv-BN in eval mode (every conv->BN edge found, outputs and gradients equal), "
           "F deploy fusion, S SyncBN conversion round trip, Fz FrozenBN conversion, P precise BN, "
           "W no weight decay on norm parameters and biases, Z zero-init of the last BN gamma in residual blocks. "

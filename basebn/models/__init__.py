@@ -9,6 +9,7 @@ from functools import partial
 
 from .cifar_resnet import resnet44, resnet110
 from .effnet import build_effnet
+from .hrnet import build_hrnet
 from .mbnet import build_mbnet
 from .regnet import build_regnet
 from .repvgg import build_repvgg, reparameterize
@@ -161,6 +162,10 @@ MODEL_TABLE = {
     "vgg13_bn": (partial(build_vgg, "vgg13_bn"), "vgg_bn", 224),
     "vgg16_bn": (partial(build_vgg, "vgg16_bn"), "vgg_bn", 224),
     "vgg19_bn": (partial(build_vgg, "vgg19_bn"), "vgg_bn", 224),
+    # HRNet (basecls's classification HRNets)
+    **{name: (partial(build_hrnet, name), "hrnet", 224) for name in (
+        "hrnet_w18_small_v1", "hrnet_w18_small_v2", "hrnet_w18", "hrnet_w30", "hrnet_w32", "hrnet_w40", "hrnet_w44",
+        "hrnet_w48", "hrnet_w64")},
 }
 
 MODELS = {name: entry[0] for name, entry in MODEL_TABLE.items()}
@@ -184,12 +189,13 @@ def model_info(name):
 def build_model(name, num_classes=1000, in_channels=3, **kwargs):
     """Build model `name` (a key of MODEL_TABLE); kwargs go to the constructor (norm, bn_momentum, ...).
 
-    The model gets a ``default_input_size`` attribute (the table's).
+    The model gets ``default_input_size`` (the table's), ``arch_name`` and ``arch_family`` attributes.
     """
     _check_name(name)
     kwargs = {k: v for k, v in kwargs.items() if not (k in _OPTIONAL_BN_KWARGS and v is None)}
     model = MODELS[name](num_classes=num_classes, in_channels=in_channels, **kwargs)
     model.default_input_size = MODEL_TABLE[name][2]
+    model.arch_name, model.arch_family = name, MODEL_TABLE[name][1]  # for the timm:/basecls: name maps
     return model
 
 

@@ -1,18 +1,91 @@
 """The one weights resolver: a spec -> model state, and loading it into a model.
 
 A spec is `zoo:NAME` (a zoo entry, sha256-verified), a checkpoint or weights file (.npz, or a legacy .pkl read
-without running code), or a run directory (its final checkpoint, else its latest).
+without running code), a run directory (its final checkpoint, else its latest), `basecls:PATH` (an
+``mge.save`` pickle of basecls, read by the restricted unpickler) or `timm:PATH` (a timm / Hugging Face
+.safetensors file). The last two need the target model (its ``arch_name`` / ``arch_family``, set by
+build_model) to pick the name map of :mod:`basebn.models.convert`.
 """
+import os
+
 import megengine.module as M
 import numpy as np
 from loguru import logger
+from safetensors import SafetensorError
+from safetensors.numpy import load_file as load_safetensors
 
 from ..checkpoint import CheckpointError, load_checkpoint, load_model_state, resolve_weights
+from ..checkpoint.legacy import load_restricted_pickle
+from ..layers.norm import is_bn
 from ..zoo import load_zoo_weights
+from .convert import FOREIGN_FORMATS, convert_basecls, convert_timm
 
-__all__ = ["ZOO_PREFIX", "zoo_name", "read_weights", "load_weights", "resized_classifier_keys"]
+__all__ = ["ZOO_PREFIX", "zoo_name", "foreign_spec", "read_foreign_state", "read_weights", "load_weights",
+           "resized_classifier_keys"]
 
 ZOO_PREFIX = "zoo:"
+_STATE_PREFIXES = ("model.", "module.")  # an EMA wrapper's state dict may prefix every key
+FOREIGN_BN_EPS = 1e-5  # every basecls model's and timm PyTorch port's BN eps (tf_* ports: 1e-3)
+
+
+def foreign_spec(spec):
+    """(format, path) for `timm:PATH` / `basecls:PATH`, None for any other spec."""
+    if not isinstance(spec, str):
+        return None
+    fmt, sep, path = spec.partition(":")
+    return (fmt, path) if sep and fmt in FOREIGN_FORMATS else None
+
+
+def _basecls_state(path, ema):
+    """The model (or EMA) state dict of a basecls checkpoint: bare, or under "model" / "state_dict" / "ema"."""
+    data = load_restricted_pickle(path)
+    if ema:
+        if not (isinstance(data, dict) and isinstance(data.get("ema"), dict)):
+            raise CheckpointError(f"{path!r} holds no EMA weights (no 'ema' entry)")
+        data = data["ema"]
+    for key in ("model", "state_dict"):
+        if isinstance(data, dict) and isinstance(data.get(key), dict):
+            data = data[key]
+    if not (isinstance(data, dict) and data and all(isinstance(v, np.ndarray) for v in data.values())):
+        raise CheckpointError(f"{path!r} is not a basecls checkpoint (no state dict of arrays found)")
+    for prefix in _STATE_PREFIXES:
+        if all(k.startswith(prefix) for k in data):
+            data = {k[len(prefix):]: v for k, v in data.items()}
+    return data
+
+
+def _timm_state(path, ema):
+    if ema:
+        raise CheckpointError(f"timm:{path}: a timm .safetensors file holds one set of weights; drop the EMA "
+                              f"option (timm saves EMA weights as a file of their own)")
+    try:
+        return load_safetensors(path)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"timm:{path} is not a readable .safetensors file ({exc}); timm: takes "
+                              f"safetensors only (convert a .pth/.bin with safetensors.torch first)") from exc
+
+
+def read_foreign_state(spec, model, ema=False):
+    """-> (state converted to `model`'s keys and shapes, source) for a `timm:` / `basecls:` spec."""
+    fmt, path = foreign_spec(spec)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{spec}: file {path!r} not found")
+    arch, family = getattr(model, "arch_name", None), getattr(model, "arch_family", None)
+    if arch is None or family is None:
+        raise CheckpointError(f"{spec}: the target model has no arch_name / arch_family (build it with "
+                              f"basebn.models.build_model) so the {fmt} name map cannot be chosen")
+    own_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    linears = [name for name, m in model.named_modules() if isinstance(m, M.Linear)]
+    head = [f"{name}.{leaf}" for name in linears for leaf in ("weight", "bias")]  # may be resized (allow_new_head)
+    eps = sorted({m.eps for m in model.modules() if is_bn(m)} - {FOREIGN_BN_EPS})
+    if eps:
+        logger.warning(f"{spec}: basecls's models and timm's PyTorch ports use BN eps {FOREIGN_BN_EPS}, this model "
+                       f"has {eps}; build it with bn_eps={FOREIGN_BN_EPS} (config: bn.eps={FOREIGN_BN_EPS}) to get "
+                       f"their outputs")
+    if fmt == "timm":
+        return convert_timm(_timm_state(path, ema), arch, family, own_shapes, spec, head), spec
+    source = f"{spec} (EMA)" if ema else spec
+    return convert_basecls(_basecls_state(path, ema), arch, family, own_shapes, source, head), source
 
 
 def zoo_name(spec):
@@ -20,8 +93,13 @@ def zoo_name(spec):
     return spec[len(ZOO_PREFIX):] if isinstance(spec, str) and spec.startswith(ZOO_PREFIX) else None
 
 
-def read_weights(spec, ema=False):
-    """-> (model state as a numpy dict, source description); the EMA weights with ema=True."""
+def read_weights(spec, ema=False, model=None):
+    """-> (model state as a numpy dict, source description); the EMA weights with ema=True. `timm:` and
+    `basecls:` specs need `model` (the target) to be converted."""
+    if foreign_spec(spec) is not None:
+        if model is None:
+            raise CheckpointError(f"{spec}: reading {foreign_spec(spec)[0]} weights needs the target model")
+        return read_foreign_state(spec, model, ema=ema)
     name = zoo_name(spec)
     if name is not None:
         return load_zoo_weights(name, ema=ema), f"{spec} (EMA)" if ema else spec
@@ -50,7 +128,7 @@ def resized_classifier_keys(model, state):
 
 def load_weights(model, spec, ema=False, allow_new_head=False):
     """Load weights into `model`; with allow_new_head a classifier of another size is left initialised."""
-    state, source = read_weights(spec, ema=ema)
+    state, source = read_weights(spec, ema=ema, model=model)
     own = model.state_dict()
     if allow_new_head:
         head = resized_classifier_keys(model, state)

@@ -56,9 +56,11 @@ REPRESENTATIVES = {
     "snetv2p": ("snetv2p_x075", dict(widths=[24, 48, 96, 192]), 32),
     "repvgg": ("repvgg_a0", {}, 32),
     "vgg_bn": ("vgg11_bn", dict(head_width=64), 32),  # 64-wide fcs instead of 4096: BN is in the convs
+    "hrnet": ("hrnet_w18_small_v1", dict(w_stem=16, stage_channels=[[8], [8, 16], [8, 16, 32], [8, 16, 32, 64]],
+                                         merge_channels=(8, 16, 32, 64), head_width=64), 32),  # narrowed
 }
 ZERO_INIT_FAMILIES = {"cifar_resnet", "resnet", "resnet_basecls", "regnetx", "regnety", "mbnetv2", "mbnetv3", "effnet",
-                      "effnet_lite", "effnetv2"}
+                      "effnet_lite", "effnetv2", "hrnet"}
 
 
 def expected_conv_bn_pairs(family, model):
