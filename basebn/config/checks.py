@@ -7,7 +7,8 @@ import difflib
 import math
 import numbers
 
-from ..data import DATASET_ALIASES, DATASET_NAMES
+from ..data import DATASET_ALIASES, DATASET_NAMES, DataError
+from ..data.augment import ERASE_MODES, INTERPOLATIONS, TRAIN_CROPS, parse_policy
 from ..layers.norm import NORM_KINDS
 from ..models import list_models
 
@@ -101,6 +102,27 @@ def _dataset_name(v):
     return None if ok else "one of " + ", ".join(DATASET_NAMES)
 
 
+def _prefetch(v):
+    """Batches ahead: an integer >= 0, or True/False (read as 2/0)."""
+    return None if isinstance(v, bool) or (_is_int(v) and v >= 0) else "an integer >= 0 (or True/False)"
+
+
+def _color_jitter(v):
+    ok = v is None or (_is_real(v) and math.isfinite(v) and v >= 0) or (
+        isinstance(v, (list, tuple)) and len(v) == 3 and all(_is_real(x) and math.isfinite(x) and x >= 0 for x in v))
+    return None if ok else "None, a number >= 0 or a list of 3 numbers >= 0 (brightness, contrast, saturation)"
+
+
+def _augment_policy(v):
+    if v is None:
+        return None
+    try:
+        parse_policy(v)
+    except DataError as e:
+        return f"None or a valid policy string ({e})"
+    return None
+
+
 def _model_name(v):
     names = list_models()
     if v in names:
@@ -123,11 +145,31 @@ RULES = {
     "data.hflip": optional(boolean),
     "data.mean": optional(numbers_list(real())),
     "data.std": optional(numbers_list(real(0, low_open=True))),
+    "data.train_crop": optional(choice(*TRAIN_CROPS)),
+    "data.crop_pct": real(0, 1, low_open=True),
+    "data.interpolation": choice(*INTERPOLATIONS),
+    "data.rrc_scale": numbers_list(real(0, 1, low_open=True), length=2),
+    "data.rrc_ratio": numbers_list(real(0, low_open=True), length=2),
+    "data.color_jitter": _color_jitter,
+    "data.lighting": real(0),
+    "data.auto_augment": _augment_policy,
+    "data.random_erasing.prob": real(0, 1),
+    "data.random_erasing.area": numbers_list(real(0, 1, low_open=True), length=2),
+    "data.random_erasing.aspect": real(0, 1, low_open=True),
+    "data.random_erasing.mode": choice(*ERASE_MODES),
+    "data.random_erasing.count": integer(1),
+    "data.mixup": real(0),
+    "data.cutmix": real(0),
+    "data.mix_prob": real(0, 1),
+    "data.mix_switch_prob": real(0, 1),
     "data.train_size": integer(1),
     "data.test_size": integer(1),
     "data.max_train_samples": optional(integer(1)),
     "data.max_test_samples": optional(integer(1)),
-    "data.prefetch": boolean,
+    "data.prefetch": optional(_prefetch),
+    "data.num_workers": optional(integer(0)),
+    "data.skip_bad_images": boolean,
+    "data.repeated_aug": integer(1),
     "model.name": _model_name,
     "model.stem": choice("small", "imagenet"),
     "model.stem_stride": integer(1),
@@ -136,6 +178,7 @@ RULES = {
     "model.weights": optional(text),
     "model.zero_init_residual": boolean,
     "loss.label_smooth": real(0, 1, high_open=True),
+    "loss.name": choice("ce", "bce"),
     "solver.optimizer": choice("sgd", "adamw"),
     "solver.basic_lr": real(0, low_open=True),
     "solver.momentum": real(0, 1, high_open=True),
@@ -185,6 +228,9 @@ def _cross_checks(flat):
         v, ch = flat[key], flat["data.channels"]
         if v is not None and ch is not None:
             yield len(v) in (1, ch), f"{key} has {len(v)} values for data.channels={ch}; give 1 or {ch}"
+    for key in ("data.rrc_scale", "data.rrc_ratio", "data.random_erasing.area"):
+        low, high = flat[key]
+        yield low <= high, f"{key} must be (low, high) with low <= high, got {tuple(flat[key])}"
     steps = list(flat["solver.lr_decay_steps"])
     yield steps == sorted(steps), "solver.lr_decay_steps must be in increasing order"
 

@@ -30,14 +30,54 @@ DEFAULTS = dict(
         # per-channel normalisation in 0-255 units; None = the dataset's defaults
         mean=None,
         std=None,
+        # --- training augmentation (basebn.data.augment; timm/basecls names and semantics) ---
+        # train crop: "random_resized" (RandomResizedCrop) or "pad" (resize to image_size, zero-pad by
+        # data.pad, random crop); None = the dataset's default (random_resized for imagefolder, else pad)
+        train_crop=None,
+        # eval: resize the shorter side to floor(image_size / crop_pct), then center crop image_size
+        crop_pct=0.875,
+        # resizing filter (cv2; also the AutoAugment/RandAugment geometric ops): bilinear, bicubic, area, nearest
+        interpolation="bilinear",
+        # RandomResizedCrop: area fraction range and aspect-ratio (w/h) range, log-uniform
+        rrc_scale=(0.08, 1.0),
+        rrc_ratio=(3 / 4, 4 / 3),
+        # ColorJitter strengths: None (off), one number for all three, or (brightness, contrast, saturation);
+        # each factor is uniform in [max(0, 1 - s), 1 + s], the three ops in random order (torchvision)
+        color_jitter=None,
+        # PCA lighting noise std (AlexNet/pycls/basecls use 0.1 on ImageNet); 0 = off; 3-channel images only
+        lighting=0.0,
+        # None, a timm RandAugment string ("rand-m9-mstd0.5", sections m, n, mstd, mmax, inc, p) or an
+        # AutoAugment ImageNet policy ("autoaugment" = "original", or "v0"; optional "-mstd0.5")
+        auto_augment=None,
+        # random erasing (timm): probability per image, erased area fraction range, min aspect (h/w is
+        # log-uniform in [aspect, 1/aspect]), fill "const" (0 = mean colour), "rand" (random colour per
+        # box) or "pixel" (per-pixel N(0, 1) noise, normalised units), up to `count` boxes per image
+        random_erasing=dict(prob=0.0, area=(0.02, 1 / 3), aspect=0.3, mode="const", count=1),
+        # Mixup / CutMix Beta(alpha, alpha) parameters; 0 = off (either on gives soft targets)
+        mixup=0.0,
+        cutmix=0.0,
+        # probability that a batch is mixed at all, and of CutMix rather than Mixup when both are on
+        mix_prob=1.0,
+        mix_switch_prob=0.5,
         # synthetic dataset sizes
         train_size=6000,
         test_size=1000,
         # use only the first N samples (of a fixed permutation); None = all
         max_train_samples=None,
         max_test_samples=None,
-        # load the next batch in a background thread
-        prefetch=True,
+        # batches prepared ahead of the trainer by each worker (num_workers=0: by one background thread);
+        # 0 = none; None = 2; True/False (older configs) are read as 2/0
+        prefetch=None,
+        # worker processes that decode and augment batches (handed over through shared memory); 0 = in the
+        # training process; None = the CPUs available to the process (at most 8) for image folders and per-image
+        # transforms, 0 for in-memory datasets with vectorised augmentation. Batches are identical for any count.
+        num_workers=None,
+        # replace an unreadable/corrupt image by another sample (deterministically) and count them in one warning
+        # per epoch, instead of stopping with an error naming the file
+        skip_bad_images=False,
+        # repeated augmentation (DeiT / timm RepeatAugSampler): each chosen image N times per epoch, spread over the
+        # ranks with different augmentations; the epoch keeps about len(dataset) samples. 1 = off
+        repeated_aug=1,
     ),
     model=dict(
         # any name of basebn.models.list_models() (basecls's names; python -m basebn.tools.summary --list)
@@ -51,7 +91,8 @@ DEFAULTS = dict(
         base_width=None,
         # BN, SyncBN, FrozenBN or GN
         norm="BN",
-        # start from these weights: a checkpoint file, a run directory, or zoo:NAME
+        # start from these weights: a checkpoint file, a run directory, zoo:NAME, basecls:PATH (a basecls
+        # checkpoint) or timm:PATH (a timm .safetensors file)
         weights=None,
         # basebn's ResNets: each residual branch's last BN starts at gamma 0
         zero_init_residual=True,
@@ -59,6 +100,9 @@ DEFAULTS = dict(
     loss=dict(
         # label smoothing in [0, 1)
         label_smooth=0.0,
+        # "ce" (softmax cross-entropy; soft targets with Mixup/CutMix) or "bce" (sigmoid binary
+        # cross-entropy per class against the (smoothed or mixed) one-hot targets, as timm's --bce-loss)
+        name="ce",
     ),
     solver=dict(
         # sgd or adamw

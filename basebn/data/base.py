@@ -11,6 +11,8 @@ A dataset exposes::
     ds.mean, ds.std         per-channel defaults for normalisation, 0-255 units
     ds.default_pad          default zero padding for random-crop augmentation
     ds.default_hflip        whether horizontal flips preserve labels
+    ds.load(i)              one sample as uint8 (h, w, C), any size (per-sample pipelines)
+    ds.decodes_per_sample   True when samples differ in size and go through ``load`` (folders)
 """
 
 from typing import Sequence, Tuple
@@ -39,12 +41,17 @@ class Dataset:
     std: Tuple[float, ...] = (64.0,)
     default_pad: int = 4
     default_hflip: bool = True
+    decodes_per_sample: bool = False
 
     def __len__(self) -> int:
         return int(len(self.labels))
 
     def get_images(self, indices) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def load(self, i: int) -> np.ndarray:
+        """Sample ``i`` as uint8 (h, w, C); datasets of differently sized images override it."""
+        return self.get_images([int(i)])[0]
 
     def __repr__(self) -> str:
         c, h, w = self.image_shape
@@ -109,6 +116,7 @@ class _Wrapper(Dataset):
         self.std = tuple(base.std)
         self.default_pad = base.default_pad
         self.default_hflip = base.default_hflip
+        self.decodes_per_sample = base.decodes_per_sample
 
     def get_images(self, indices) -> np.ndarray:
         return self.base.get_images(indices)
@@ -141,6 +149,10 @@ class Subset(_Wrapper):
 
     def get_images(self, indices) -> np.ndarray:
         return self.base.get_images(self.indices[_as_indices(indices, len(self))])
+
+    def load(self, i: int) -> np.ndarray:
+        """Sample ``i`` of the subset, decoded by the base dataset."""
+        return self.base.load(int(self.indices[int(i)]))
 
 
 # ITU-R BT.601 luma weights, the ones cv2.COLOR_RGB2GRAY uses.

@@ -1,26 +1,19 @@
 """Build datasets and loaders from the ``data`` config section, and check them against a model.
 
-``data_cfg`` is dict-like (a basecore ConfigDict, a dict, or any object with attributes):
-
-    name               "synthetic" | "fashion_mnist" | "mnist" | "cifar10" | "cifar100" |
-                       "imagefolder"
-    root               dataset directory (None: the dataset's default, where it has one)
-    image_size         None (native size) or int (square resize; synthetic renders at it,
-                       default 16)
-    channels           None (the dataset's own) or 1 / 3 (converted)
-    pad                random-crop zero padding (None: the dataset's default, 4 for most)
-    hflip              random horizontal flips (None: the dataset's default; False for mnist)
-    mean, std          per-channel normalisation in 0-255 units (None: dataset defaults)
-    prefetch           prepare the next batch in a background thread (default True)
-    train_size, test_size          synthetic only (default 6000 / 1000)
-    seed               synthetic only: generation seed (default 0)
-    max_train_samples, max_test_samples   use a fixed subset (None: all)
+``data_cfg`` is dict-like (a ConfigDict, a dict, or an object with attributes); every key is
+documented in basebn/config/defaults.py. The dataset's defaults fill train_crop ("random_resized"
+for image folders, "pad" otherwise), pad and hflip before the builders of basebn.data.augment see
+the config. Image folders, and in-memory data with per-image train ops (RandomResizedCrop,
+ColorJitter, AutoAugment/RandAugment), are built sample by sample with ``build_sample_transform``;
+other in-memory data keeps the vectorised pad-crop/flip plus ``build_batch_augment``;
+``build_mixer`` (Mixup/CutMix) runs on each assembled train batch.
 """
 
 from typing import Any, Optional
 
 import numpy as np
 
+from .augment import build_batch_augment, build_mixer, build_sample_transform
 from .base import Adapted, Dataset, Subset
 from .cifar import CIFAR10, CIFAR100
 from .errors import DataError
@@ -28,8 +21,11 @@ from .idx import MNIST, FashionMNIST
 from .image_folder import ImageFolder
 from .loader import BatchLoader
 from .synthetic import SyntheticShapes
+from .transforms import resolve_stats
+from .workers import default_num_workers
 
-__all__ = ["DATASET_NAMES", "DATASET_ALIASES", "build_dataset", "build_loader", "validate_dataset"]
+__all__ = ["DATASET_NAMES", "DATASET_ALIASES", "build_dataset", "build_loader", "validate_dataset",
+           "resolve_num_workers", "uses_per_sample_transform"]
 
 DATASET_NAMES = ("synthetic", "fashion_mnist", "mnist", "cifar10", "cifar100", "imagefolder")
 DATASET_ALIASES = {"fashion-mnist": "fashion_mnist", "fashionmnist": "fashion_mnist",
@@ -95,23 +91,67 @@ def build_dataset(data_cfg, train: bool) -> Dataset:
                                        else "max_test_samples"))
 
 
-def build_loader(data_cfg, dataset: Dataset, batch_size: int, train: bool, seed: int = 0,
-                 rank: int = 0, world_size: int = 1,
-                 prefetch: Optional[bool] = None) -> BatchLoader:
-    """A BatchLoader for ``dataset`` with the augmentation / normalisation from ``data_cfg``.
+def _resolved(data_cfg, dataset: Dataset) -> dict:
+    """``data_cfg`` as a dict with the dataset defaults filled in (train_crop, pad, hflip)."""
+    if data_cfg is None:
+        cfg = {}
+    elif hasattr(data_cfg, "items"):
+        cfg = dict(data_cfg.items())
+    else:
+        cfg = dict(vars(data_cfg))
+    if cfg.get("train_crop") is None:
+        cfg["train_crop"] = "random_resized" if dataset.decodes_per_sample else "pad"
+    if cfg.get("pad") is None:
+        cfg["pad"] = dataset.default_pad
+    if cfg.get("hflip") is None:
+        cfg["hflip"] = dataset.default_hflip
+    return cfg
 
-    ``pad`` / ``hflip`` None take the dataset's defaults; ``prefetch`` None takes
-    ``data_cfg.prefetch`` (default True).
+
+def uses_per_sample_transform(cfg: dict, dataset: Dataset, train: bool) -> bool:
+    """Whether batches are built sample by sample (decoded folders, or per-image train ops)."""
+    if dataset.decodes_per_sample:
+        return True
+    return train and (cfg["train_crop"] != "pad" or bool(cfg.get("color_jitter"))
+                      or bool(cfg.get("auto_augment")))
+
+
+def resolve_num_workers(data_cfg, per_sample: bool) -> int:
+    """``data.num_workers``; None = the CPUs available (at most 8) when samples are decoded one by
+    one, else 0 (in-memory batches are one vectorised gather; workers would only add copies)."""
+    n = _opt_int(data_cfg, "num_workers")
+    if n is None:
+        return default_num_workers() if per_sample else 0
+    if n < 0:
+        raise DataError(f"data.num_workers must be >= 0 (0 = load in the training process), got {n}")
+    return n
+
+
+def build_loader(data_cfg, dataset: Dataset, batch_size: int, train: bool, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, prefetch=None, num_classes: Optional[int] = None,
+                 label_smoothing: float = 0.0, num_workers: Optional[int] = None) -> BatchLoader:
+    """A BatchLoader for ``dataset`` with the workers, augmentation and normalisation of ``data_cfg``.
+
+    ``prefetch`` / ``num_workers`` None take ``data.prefetch`` (None: 2) / ``data.num_workers``;
+    ``num_classes`` (default: the dataset's) and ``label_smoothing`` shape Mixup/CutMix targets.
     """
-    pad = _get(data_cfg, "pad")
-    hflip = _get(data_cfg, "hflip")
-    if prefetch is None:
-        prefetch = bool(_get(data_cfg, "prefetch", True))
+    cfg = _resolved(data_cfg, dataset)
+    mean, std = resolve_stats(dataset, cfg.get("mean"), cfg.get("std"))
+    per_sample = uses_per_sample_transform(cfg, dataset, train)
+    c, out_size, _ = dataset.image_shape
+    sample_transform = (build_sample_transform(cfg, train, mean, std, out_size) if per_sample
+                        else None)
+    num_classes = int(num_classes or dataset.num_classes)
     return BatchLoader(
         dataset, batch_size, train=train, seed=seed, rank=rank, world_size=world_size,
-        pad=dataset.default_pad if pad is None else int(pad),
-        hflip=dataset.default_hflip if hflip is None else bool(hflip),
-        mean=_get(data_cfg, "mean"), std=_get(data_cfg, "std"), prefetch=prefetch)
+        pad=int(cfg["pad"]), hflip=bool(cfg["hflip"]), mean=mean, std=std,
+        prefetch=cfg.get("prefetch") if prefetch is None else prefetch,
+        num_workers=resolve_num_workers(data_cfg, per_sample) if num_workers is None else num_workers,
+        repeated_aug=int(cfg.get("repeated_aug") or 1),
+        sample_transform=sample_transform, image_shape=(c, out_size, out_size) if per_sample else None,
+        batch_augment=None if per_sample or not train else build_batch_augment(cfg, mean, std),
+        mixer=build_mixer(cfg, num_classes, label_smoothing) if train else None,
+        num_classes=num_classes, skip_bad_images=bool(cfg.get("skip_bad_images", False)))
 
 
 def validate_dataset(dataset: Dataset, num_classes: int, in_channels: Optional[int] = None,

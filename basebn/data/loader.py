@@ -1,29 +1,35 @@
-"""BatchLoader: sharded, deterministic, optionally prefetching numpy batches.
+"""BatchLoader: sharded, deterministic numpy batches, built in-process or by worker processes.
 
-Train mode, epoch ``e``: the permutation is ``np.random.default_rng([seed, e])`` over the
-dataset; rank ``r`` of ``w`` takes the contiguous slice ``perm[r*m:(r+1)*m]`` with
-``m = len(dataset) // w`` (so every rank has the same number of batches); the augmentation
-of batch ``b`` uses ``np.random.default_rng([_AUG_TAG, seed, e, r, b])``. Nothing depends on
-what was iterated before, so a run resumed at epoch ``e`` sees exactly the batches an
-uninterrupted run sees.
-
-Eval mode: no shuffling or augmentation; rank ``r`` takes indices ``r::w`` in order, so the
-ranks together see every sample exactly once; the last batch may be smaller.
+A train batch depends only on (seed, epoch, rank, batch index): the epoch's indices come from
+sampler.py; in-memory datasets get the vectorised pad-crop/flip from
+``default_rng([_AUG_TAG, seed, epoch, rank, batch])`` followed (same generator) by the optional
+``batch_augment``; per-sample datasets (image folders) decode sample i of the batch and run
+``sample_transform`` with ``default_rng([_AUG_TAG, seed, epoch, rank, batch, i])``; the optional
+``mixer`` (Mixup/CutMix) then uses ``default_rng([_MIX_TAG, seed, epoch, rank, batch])``. So 0, 1
+or N workers give bit-identical batches, and a resumed run sees what an uninterrupted one sees.
+Eval mode: no shuffling or augmentation; rank r takes indices r::world_size in order.
 """
 
 import queue
 import threading
-from typing import Iterator, Optional, Sequence, Tuple
+import weakref
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+from loguru import logger
 
 from .base import Dataset, Subset
 from .errors import DataError
+from .sampler import repeated_aug_indices, repeated_aug_length, shard_indices
 from .transforms import crop_flip, normalize, resolve_stats, sample_crop_flip
+from .workers import WorkerPool
 
-__all__ = ["BatchLoader"]
+__all__ = ["BatchLoader", "resolve_prefetch"]
 
-_AUG_TAG = 0xA06  # separates the augmentation streams from the permutation stream
+_AUG_TAG = 0xA06   # separates the augmentation streams from the permutation stream
+_MIX_TAG = 0x313   # the Mixup/CutMix stream of a batch
+_SKIP_TAG = 0x5C1  # which sample replaces an unreadable image
+_MAX_REPLACEMENTS = 16
 _END = object()
 
 
@@ -32,8 +38,19 @@ class _Failure:
         self.exc = exc
 
 
+def resolve_prefetch(prefetch) -> int:
+    """``data.prefetch`` as a number of batches ahead: None/True -> 2, False -> 0, int -> itself."""
+    if prefetch is False:
+        return 0
+    if prefetch is None or prefetch is True:
+        return 2
+    return int(prefetch)
+
+
 class BatchLoader:
-    """Iterate ``(images float32 (B, C, H, W), labels int32 (B,))`` numpy batches.
+    """Iterate ``(images float32 (B, C, H, W), labels)`` numpy batches, in batch order.
+
+    Labels are int32 (B,), or float32 soft targets (B, num_classes) when a ``mixer`` is set.
 
     Args:
         dataset: any dataset with the basebn.data interface.
@@ -41,20 +58,31 @@ class BatchLoader:
         train: shuffle + augment + drop_last by default; else sequential, no augmentation.
         seed: base seed for permutations and augmentation.
         rank, world_size: data-parallel sharding.
-        pad: zero padding for random crops (train only; 0 disables cropping).
-        hflip: random horizontal flips with probability 0.5 (train only).
+        pad, hflip: vectorised zero-pad random crop / horizontal flip (train, in-memory path).
         mean, std: per-channel stats in 0-255 units (None: the dataset's defaults).
-        drop_last: drop the last incomplete batch (default: True in train, False in eval;
-            eval with drop_last=True would skip samples and is allowed only if asked for).
-        prefetch: prepare the next batch in a background thread.
+        drop_last: drop the last incomplete batch (default: True in train, False in eval).
+        prefetch: batches prepared ahead, per worker (0 workers: by one background thread).
         max_samples: use only the first N samples of a fixed permutation of the dataset.
+        num_workers: worker processes building batches (0: in this process).
+        repeated_aug: each index this many times per epoch over the ranks (sampler.py).
+        sample_transform: ``(uint8 HWC image, rng) -> float32 CHW``; when set every sample is
+            loaded and transformed on its own (``dataset.load``) and pad/hflip are not used.
+        image_shape: (C, H, W) that ``sample_transform`` produces (default: the dataset's).
+        batch_augment: ``(float32 NCHW, rng) -> float32 NCHW`` after pad-crop/flip (train).
+        mixer: ``(x, int labels, rng) -> (x, soft targets (B, num_classes))`` (train).
+        num_classes: soft-target width for the mixer (default: the dataset's).
+        skip_bad_images: replace an unreadable image by another sample (deterministically)
+            and report the count in one warning per epoch, instead of raising DataError.
     """
 
     def __init__(self, dataset: Dataset, batch_size: int, *, train: bool, seed: int = 0,
                  rank: int = 0, world_size: int = 1, pad: int = 4, hflip: bool = True,
                  mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
-                 drop_last: Optional[bool] = None, prefetch: bool = True,
-                 max_samples: Optional[int] = None):
+                 drop_last: Optional[bool] = None, prefetch=2, max_samples: Optional[int] = None,
+                 num_workers: int = 0, repeated_aug: int = 1,
+                 sample_transform: Optional[Callable] = None, image_shape=None,
+                 batch_augment: Optional[Callable] = None, mixer: Optional[Callable] = None,
+                 num_classes: Optional[int] = None, skip_bad_images: bool = False):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if not 0 <= rank < world_size:
@@ -62,6 +90,9 @@ class BatchLoader:
                              f"world_size={world_size}")
         if seed < 0:
             raise ValueError(f"seed must be non-negative, got {seed}")
+        if num_workers < 0 or repeated_aug < 1:
+            raise ValueError(f"need num_workers >= 0 and repeated_aug >= 1, got {num_workers}, "
+                             f"{repeated_aug}")
         self.dataset = Subset.first_n(dataset, max_samples)
         self.batch_size = int(batch_size)
         self.train = bool(train)
@@ -71,14 +102,27 @@ class BatchLoader:
         self.hflip = bool(hflip) and train
         self.mean, self.std = resolve_stats(self.dataset, mean, std)
         self.drop_last = self.train if drop_last is None else bool(drop_last)
-        self.prefetch = bool(prefetch)
+        self.prefetch = resolve_prefetch(prefetch)
+        self.num_workers = int(num_workers)
+        self.repeated_aug = int(repeated_aug) if train else 1
+        self.sample_transform = sample_transform
+        self.image_shape = tuple(image_shape or self.dataset.image_shape)
+        self.batch_augment = batch_augment if train else None
+        self.mixer = mixer if train else None
+        self.num_classes = int(num_classes or self.dataset.num_classes)
+        self.skip_bad_images = bool(skip_bad_images)
         self.epoch: Optional[int] = None
+        self._pool: Optional[WorkerPool] = None
+        self._finalizer: Optional[weakref.finalize] = None
+        self._plan: Tuple[Optional[int], Optional[np.ndarray]] = (None, None)  # (epoch, indices)
 
         n = len(self.dataset)
-        if self.train:
-            self.num_samples = n // self.world_size
-        else:
+        if not self.train:
             self.num_samples = len(range(self.rank, n, self.world_size))
+        elif self.repeated_aug > 1:
+            self.num_samples = repeated_aug_length(n, self.world_size)
+        else:
+            self.num_samples = n // self.world_size
         if self.drop_last:
             self.num_batches = self.num_samples // self.batch_size
         else:
@@ -104,19 +148,29 @@ class BatchLoader:
         n = len(self.dataset)
         if not self.train:
             return np.arange(self.rank, n, self.world_size)
-        if epoch is None:
-            epoch = self._require_epoch()
-        perm = np.random.default_rng([self.seed, int(epoch)]).permutation(n)
-        m = self.num_samples
-        return perm[self.rank * m:(self.rank + 1) * m]
+        epoch = self._require_epoch() if epoch is None else int(epoch)
+        if self.repeated_aug > 1:
+            return repeated_aug_indices(n, self.seed, epoch, self.rank, self.world_size,
+                                        self.repeated_aug)
+        return shard_indices(n, self.seed, epoch, self.rank, self.world_size)
 
-    def batch_indices(self, epoch: Optional[int] = None):
+    def batch_indices(self, epoch: Optional[int] = None) -> List[np.ndarray]:
+        """This rank's batches of sample indices for ``epoch``."""
         idx = self.epoch_indices(epoch)
         bs = self.batch_size
         return [idx[b * bs:(b + 1) * bs] for b in range(self.num_batches)]
 
     def aug_rng(self, epoch: int, batch: int) -> np.random.Generator:
+        """The generator of batch ``batch``'s vectorised augmentation."""
         return np.random.default_rng([_AUG_TAG, self.seed, int(epoch), self.rank, int(batch)])
+
+    def sample_rng(self, epoch: int, batch: int, i: int) -> np.random.Generator:
+        """The generator of sample ``i`` of batch ``batch`` (per-sample transforms)."""
+        return np.random.default_rng([_AUG_TAG, self.seed, int(epoch), self.rank, int(batch), int(i)])
+
+    def mix_rng(self, epoch: int, batch: int) -> np.random.Generator:
+        """The generator of batch ``batch``'s Mixup/CutMix."""
+        return np.random.default_rng([_MIX_TAG, self.seed, int(epoch), self.rank, int(batch)])
 
     def _require_epoch(self) -> int:
         if self.epoch is None:
@@ -124,29 +178,116 @@ class BatchLoader:
         return self.epoch
 
     # ----------------------------------------------------------------- batches
+    def build_batch(self, epoch: int, batch: int) -> Tuple[np.ndarray, np.ndarray, List[str]]:
+        """Batch ``batch`` of ``epoch``: (images, labels, messages of replaced unreadable images)."""
+        if self._plan[0] != epoch:  # the permutation is computed once per epoch and process
+            self._plan = (epoch, self.epoch_indices(epoch))
+        indices = self._plan[1][batch * self.batch_size:(batch + 1) * self.batch_size]
+        if self.sample_transform is not None:
+            x, y, replaced = self._per_sample_batch(indices, epoch, batch)
+        else:
+            x, y, replaced = self._vectorised_batch(indices, epoch, batch)
+        if self.mixer is not None:
+            x, y = self.mixer(x, y, self.mix_rng(epoch, batch))
+            y = np.ascontiguousarray(y, dtype=np.float32)
+        return np.ascontiguousarray(x, dtype=np.float32), y, replaced
+
     def make_batch(self, indices: np.ndarray, epoch: int, batch: int
                    ) -> Tuple[np.ndarray, np.ndarray]:
-        images = self.dataset.get_images(indices)
-        if self.train and (self.pad > 0 or self.hflip):
-            ys, xs, flips = sample_crop_flip(self.aug_rng(epoch, batch), len(images), self.pad,
-                                             self.hflip)
-            images = crop_flip(images, self.pad, ys, xs, flips)
-        x = normalize(images, self.mean, self.std)
-        y = np.ascontiguousarray(self.dataset.labels[indices], dtype=np.int32)
+        """Images and labels of ``indices`` as batch ``batch`` of ``epoch`` (no mixer)."""
+        if self.sample_transform is not None:
+            x, y, _ = self._per_sample_batch(indices, epoch, batch)
+        else:
+            x, y, _ = self._vectorised_batch(indices, epoch, batch)
         return x, y
 
-    def _produce(self, epoch: int):
-        for b, idx in enumerate(self.batch_indices(epoch)):
-            yield self.make_batch(idx, epoch, b)
+    def _vectorised_batch(self, indices, epoch, batch):
+        images = self.dataset.get_images(indices)
+        rng = self.aug_rng(epoch, batch) if self.train else None
+        if self.train and (self.pad > 0 or self.hflip):
+            ys, xs, flips = sample_crop_flip(rng, len(images), self.pad, self.hflip)
+            images = crop_flip(images, self.pad, ys, xs, flips)
+        x = normalize(images, self.mean, self.std)
+        if self.batch_augment is not None:
+            x = self.batch_augment(x, rng)
+        y = np.ascontiguousarray(self.dataset.labels[indices], dtype=np.int32)
+        return x, y, []
 
+    def _per_sample_batch(self, indices, epoch, batch):
+        x = np.empty((len(indices),) + self.image_shape, np.float32)
+        y = np.empty(len(indices), np.int32)
+        replaced: List[str] = []
+        for i, index in enumerate(indices):
+            image, index = self._load(int(index), epoch, batch, i, replaced)
+            x[i] = self.sample_transform(image, self.sample_rng(epoch, batch, i))
+            y[i] = self.dataset.labels[index]
+        return x, y, replaced
+
+    def _load(self, index: int, epoch, batch: int, i: int, replaced: List[str]):
+        """Decode ``index``; with skip_bad_images, fall back to deterministic replacements."""
+        for attempt in range(_MAX_REPLACEMENTS):
+            try:
+                return self.dataset.load(index), index
+            except DataError as e:
+                if not self.skip_bad_images:
+                    raise DataError(f"{e}; or set data.skip_bad_images=True to train on without it") from e
+                replaced.append(str(e))
+                rng = np.random.default_rng([_SKIP_TAG, self.seed, int(epoch or 0), self.rank,
+                                             int(batch), int(i), attempt])
+                index = int(rng.integers(len(self.dataset)))
+        raise DataError(f"{_MAX_REPLACEMENTS} unreadable images in a row (the last: "
+                        f"{replaced[-1]}); data.skip_bad_images cannot help, check data.root")
+
+    # ----------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
         epoch = self._require_epoch() if self.train else (self.epoch or 0)
-        if not self.prefetch or self.num_batches <= 1:
-            return self._produce(epoch)
-        return self._prefetched(epoch)
+        if self.num_workers > 0 and self.num_batches > 0:
+            source = self._from_workers(epoch)
+        elif self.prefetch > 0 and self.num_batches > 1:
+            source = self._prefetched(epoch)
+        else:
+            source = (self.build_batch(epoch, b) for b in range(self.num_batches))
+        return self._reported(source, epoch)
+
+    def _reported(self, source, epoch: int):
+        """Yield (x, y) and warn once at the end of the epoch about replaced images."""
+        replaced: List[str] = []
+        for x, y, bad in source:
+            replaced += bad
+            yield x, y
+        if replaced:
+            logger.warning(f"data: {len(set(replaced))} unreadable image(s) replaced by other samples "
+                           f"{len(replaced)} time(s) in epoch {epoch} (data.skip_bad_images=True); "
+                           f"first: {replaced[0]}")
+
+    @property
+    def worker_pids(self) -> List[int]:
+        """Process ids of the running workers (empty before the first iteration or with 0)."""
+        return [] if self._pool is None or self._pool.closed else self._pool.pids
+
+    def _from_workers(self, epoch: int):
+        if self._pool is None or self._pool.closed:
+            c, h, w = self.image_shape
+            label_bytes = self.batch_size * (4 * self.num_classes if self.mixer else 4)
+            self._pool = WorkerPool(self.build_batch, self.num_workers, max(1, self.prefetch),
+                                    self.batch_size * c * h * w * 4, label_bytes)
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, self._pool.close)  # the loader's end stops them
+        pool = self._pool
+        try:
+            yield from pool.batches(epoch, self.num_batches)
+        finally:
+            if not self.train:  # eval loaders run rarely: free the processes in between
+                pool.close()
+
+    def close(self) -> None:
+        """Stop the worker processes (a later iteration starts new ones)."""
+        if self._pool is not None:
+            self._pool.close()
 
     def _prefetched(self, epoch: int):
-        q: "queue.Queue" = queue.Queue(maxsize=1)
+        q: "queue.Queue" = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
 
         def put(item) -> bool:
@@ -160,8 +301,8 @@ class BatchLoader:
 
         def worker():
             try:
-                for item in self._produce(epoch):
-                    if not put(item):
+                for b in range(self.num_batches):
+                    if not put(self.build_batch(epoch, b)):
                         return
             except BaseException as e:  # handed to the consumer, re-raised there
                 put(_Failure(e))

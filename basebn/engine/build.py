@@ -21,7 +21,8 @@ def build_data(cfg, train=True):
     ds = build_dataset(cfg.data, train=train)
     validate_dataset(ds, cfg.num_classes)
     loader = build_loader(cfg.data, ds, cfg.batch_size, train=train, seed=cfg.seed,
-                          rank=dist.get_rank(), world_size=dist.get_world_size())
+                          rank=dist.get_rank(), world_size=dist.get_world_size(),
+                          num_classes=cfg.num_classes, label_smoothing=cfg.loss.label_smooth)
     return ds, loader
 
 

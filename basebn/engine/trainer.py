@@ -1,6 +1,7 @@
 """ClsTrainer: one training iteration (forward, backward, gradient all-reduce, clip, step).
 
 Everything around the iteration (lr, EMA, logging, precise BN, evaluation, checkpoints) is a hook.
+Labels are int (B,) or soft targets (B, K) (Mixup/CutMix); the loss is losses.build_loss(cfg).
 """
 import math
 import time
@@ -9,13 +10,17 @@ import megengine as mge
 import megengine.functional as F
 import megengine.optimizer as optim
 from basecore.engine import BaseTrainer
+from loguru import logger
 from megengine.jit import trace
 
 from .. import distributed as dist
 from ..layers.conv import fast_cpu_weight_grad
 from ..layers.norm import is_bn
+from .losses import build_loss
 
 __all__ = ["ClsTrainer", "NonFiniteLossError", "set_norm_eval"]
+
+_DATA_WARN_AFTER = 5  # iterations measured before data time vs step time is judged
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -53,13 +58,14 @@ class ClsTrainer(BaseTrainer):
         self.best_top1 = None
         self.best_epoch = None
         self._epoch_iter = None
+        self._loss_fn = build_loss(cfg)
+        self._data_vs_step = [0.0, 0.0, 0]  # data and step seconds summed over measured iterations
         self._forward_backward = self._build_step()
 
     # -- the step -------------------------------------------------------------------------------
     def _loss(self, images, labels):
         logits = self.model(images)
-        loss = F.nn.cross_entropy(logits, labels, label_smooth=self.cfg.loss.label_smooth)
-        return loss, logits
+        return self._loss_fn(logits, labels), logits
 
     def _build_step(self):
         """forward + backward; the loss scale is an input (dy), so a traced step never bakes it in."""
@@ -108,10 +114,29 @@ class ClsTrainer(BaseTrainer):
             )
         if (self.global_iter + 1) % self.accum == 0:
             self._optimizer_step()
-        top1 = float((logits.numpy().argmax(axis=1) == labels).mean() * 100)
+        hard = labels.argmax(axis=1) if labels.ndim == 2 else labels  # soft targets: their top class
+        top1 = float((logits.numpy().argmax(axis=1) == hard).mean() * 100)
         t2 = time.perf_counter()
         self.meter = {"loss": loss_value, "top1": top1, "data_time": t1 - t0, "step_time": t2 - t1,
                       "batch": len(labels), "lr": self.optimizer.param_groups[0]["lr"]}
+        self._watch_data_time(t1 - t0, t2 - t1)
+
+    def _watch_data_time(self, data_time, step_time):
+        """Warn once when waiting for data takes longer than the step (first iteration of an epoch,
+        which starts the loader, not counted; decided over at least _DATA_WARN_AFTER iterations)."""
+        acc = self._data_vs_step
+        if acc is None or self.progress.iter == 1:
+            return
+        acc[0] += data_time
+        acc[1] += step_time
+        acc[2] += 1
+        if acc[2] >= _DATA_WARN_AFTER and acc[0] > acc[1]:
+            self._data_vs_step = None
+            workers = getattr(self.dataloader, "num_workers", 0)
+            logger.warning(
+                f"data loading is slower than the training step ({acc[0] / acc[2]:.3f}s waiting for data vs "
+                f"{acc[1] / acc[2]:.3f}s per step): raise data.num_workers (now {workers}) if CPUs are free, "
+                f"and measure the loader alone with python -m basebn.tools.data_speed CONFIG")
 
     def _sync_grads(self, loss):
         """All-reduce (average) gradients in one packed collective; returns the mean loss over ranks.

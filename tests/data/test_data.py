@@ -190,36 +190,32 @@ def _write_folder(root, sizes=None):
     return written
 
 
-def test_image_folder(tmp_path):
-    written = _write_folder(str(tmp_path))
-    ds = ImageFolder(str(tmp_path), train=True)
+def test_image_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("BASEBN_DATA_CACHE", str(tmp_path / "cache"))
+    written = _write_folder(str(tmp_path / "data"), sizes={("train", "cat", 1): (9, 12)})
+    ds = ImageFolder(str(tmp_path / "data"), train=True, image_size=6)
     assert ds.classes == ["ant", "cat", "zebra"] and ds.num_classes == 3
-    assert ds.labels.tolist() == [0, 0, 1, 1, 2, 2] and ds.image_shape == (3, 8, 10)
-    imgs = ds.get_images(np.arange(6))
-    for i, p in enumerate(ds.paths):
-        np.testing.assert_array_equal(imgs[i], written[p])
-    val = ImageFolder(str(tmp_path), train=False)
-    assert val.split == "val" and len(val) == 6
-    gray = ImageFolder(str(tmp_path), train=True, channels=1, image_size=4)
-    g = gray.get_images([1])
-    assert gray.image_shape == (1, 4, 4) and g.shape == (1, 4, 4, 1)
-    ref = cv2.resize(cv2.imread(ds.paths[1], cv2.IMREAD_GRAYSCALE), (4, 4),
-                     interpolation=cv2.INTER_AREA)
-    np.testing.assert_array_equal(g[0, :, :, 0], ref)
+    assert ds.labels.tolist() == [0, 0, 1, 1, 2, 2] and ds.image_shape == (3, 6, 6)
+    for i, p in enumerate(ds.paths):  # load() decodes at the image's own size (no squashing)
+        np.testing.assert_array_equal(ds.load(i), written[p])
+    # get_images: shorter side resized to image_size (aspect kept), then the centre crop
+    img = written[ds.paths[3]]  # 9 x 12 -> 6 x 8 -> columns 1..6
+    ref = cv2.resize(img, (8, 6), interpolation=cv2.INTER_AREA)[:, 1:7]
+    np.testing.assert_array_equal(ds.get_images([3])[0], ref)
+    val = ImageFolder(str(tmp_path / "data"), train=False)
+    assert val.split == "val" and len(val) == 6 and val.image_shape == (3, 224, 224)
+    gray = ImageFolder(str(tmp_path / "data"), train=True, channels=1, image_size=4)
+    assert gray.image_shape == (1, 4, 4)
+    np.testing.assert_array_equal(gray.load(1)[:, :, 0], cv2.imread(ds.paths[1], cv2.IMREAD_GRAYSCALE))
     # the builder routes channels/image_size to the folder dataset
-    b = build_dataset({"name": "imagefolder", "root": str(tmp_path), "channels": 1,
+    b = build_dataset({"name": "imagefolder", "root": str(tmp_path / "data"), "channels": 1,
                        "image_size": 4}, train=False)
     assert b.image_shape == (1, 4, 4)
 
 
-def test_image_folder_errors(tmp_path):
-    _write_folder(str(tmp_path), sizes={("train", "cat", 1): (9, 10)})
-    ds = ImageFolder(str(tmp_path), train=True)
-    odd = os.path.join(str(tmp_path), "train", "cat", "1.png")
-    with pytest.raises(DataError, match="data.image_size") as e:
-        ds.get_images(np.arange(6))
-    assert odd in str(e.value)
-    ImageFolder(str(tmp_path), train=True, image_size=8).get_images(np.arange(6))  # resize fixes
+def test_image_folder_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("BASEBN_DATA_CACHE", str(tmp_path / "cache"))
+    _write_folder(str(tmp_path))
     bad = os.path.join(str(tmp_path), "val", "zebra", "1.png")
     open(bad, "wb").write(b"\x89PNG not really")
     val = ImageFolder(str(tmp_path), train=False)
