@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup quickstart test test-fast test-flaky bench clean-venv
+.PHONY: setup quickstart test test-fast test-flaky test-exhaustive bench clean-venv
 
 $(STAMP): setup.py
 	@PY310=$$(scripts/find_python310.sh) || exit 1; \
@@ -18,15 +18,19 @@ quickstart: $(STAMP)
 	$(PY) -m basebn.test configs/quickstart.py -w runs/quickstart
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not megengine_flaky" tests
+	$(PY) -m pytest -q -m "not megengine_flaky and not exhaustive" tests
 
 # checks MegEngine 1.13's CPU gradient bug makes unreliable (tests/models/test_model_bn_features.py)
 test-flaky: $(STAMP)
 	$(PY) -m pytest -q -m megengine_flaky tests
 
+# every model name through every check that sweeps them (deploy): an hour or more on 2 cores
+test-exhaustive: $(STAMP)
+	$(PY) -m pytest -q -m exhaustive tests
+
 # the inner loop: no mpiexec launches, no package installs, no long runs
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not mpi and not slow and not megengine_flaky" tests
+	$(PY) -m pytest -q -m "not mpi and not slow and not megengine_flaky and not exhaustive" tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

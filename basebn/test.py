@@ -1,11 +1,16 @@
-"""python -m basebn.test CONFIG.py -w WEIGHTS [--ema] [--json] [KEY=VALUE ...]
-   python -m basebn.test zoo:NAME [--ema] [--json]
+"""python -m basebn.test CONFIG.py -w WEIGHTS [--ema] [--backend B] [--threads N] [--json] [KEY=VALUE ...]
+   python -m basebn.test zoo:NAME [--ema] [--backend B] [--json]
 
-WEIGHTS is a checkpoint file (.npz, or a legacy .pkl), a run directory (its final weights) or zoo:NAME.
+WEIGHTS is a checkpoint file (.npz, or a legacy .pkl), a run directory (its final weights), zoo:NAME,
+basecls:PATH, timm:PATH (.safetensors), or an exported model (.mge / .onnx, from python -m basebn.deploy).
+--backend eager (default) runs the model in MegEngine; megengine / lite / onnxruntime export it on the fly
+to a temporary .mge / .onnx file (or take the -w file as is) and run that file in GraphInference / MegEngine Lite / onnxruntime.
 """
 import argparse
 import json
+import os
 import sys
+import tempfile
 
 import megengine as mge
 from loguru import logger
@@ -13,6 +18,8 @@ from loguru import logger
 from . import distributed as dist
 from .cli import cli_main
 from .config import ConfigError, load_config
+from .deploy import BACKENDS, export_mge, export_onnx, load_exported
+from .deploy.evaluate import evaluate_exported
 from .engine.build import build_data, build_model_from_cfg, example_input, zoo_config
 from .engine.evaluate import evaluate
 from .engine.logging import setup_logging
@@ -20,15 +27,40 @@ from .models import load_weights
 from .layers import enable_efficient_conv_bn_eval
 from .models.weights import zoo_name
 
-__all__ = ["test", "main"]
+__all__ = ["test", "main", "is_exported_file"]
+
+_EXPORTERS = {".mge": export_mge, ".onnx": export_onnx}
 
 
-def test(cfg, weights, ema=False):
-    """Evaluate `weights` on the test split of cfg's dataset; returns {'top1', 'top5', 'loss', 'images'}."""
+def is_exported_file(spec):
+    """`spec` names an exported model file (.mge or .onnx) rather than weights."""
+    return isinstance(spec, str) and os.path.splitext(spec)[1].lower() in _EXPORTERS
+
+
+def _evaluate_exported_file(path, loader, backend, threads):
+    return evaluate_exported(load_exported(path, backend, threads), loader, desc=f"test ({backend or 'exported'})")
+
+
+def test(cfg, weights, ema=False, backend="eager", threads=None):
+    """Evaluate `weights` on the test split of cfg's dataset; returns {'top1', 'top5', 'loss', 'images'}.
+
+    `backend` other than "eager" exports the model to a temporary file and evaluates that file; `weights`
+    may also be an exported .mge/.onnx file itself (then `ema` must be False).
+    """
     dist.init("auto")
     ds, loader = build_data(cfg, train=False)
+    if is_exported_file(weights):
+        if ema:
+            raise ConfigError(f"--ema selects weights in a checkpoint; {weights!r} is an exported model: drop --ema")
+        return _evaluate_exported_file(weights, loader, None if backend == "eager" else backend, threads)
     model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
     load_weights(model, weights, ema=ema)
+    if backend != "eager":
+        ext = BACKENDS[backend]
+        with tempfile.TemporaryDirectory(prefix="basebn-test-") as tmp:
+            path = os.path.join(tmp, "model" + ext)
+            _EXPORTERS[ext](model, path, example_input(ds).shape)
+            return _evaluate_exported_file(path, loader, backend, threads)
     if cfg.bn.efficient_conv_bn_eval:
         enable_efficient_conv_bn_eval(model, example_input=mge.tensor(example_input(ds)))
     return evaluate(model, loader, desc="test")
@@ -38,8 +70,12 @@ def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m basebn.test", description=__doc__.split("\n")[0])
     p.add_argument("config", help="experiment file, or zoo:NAME to evaluate a zoo entry with its own config")
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides (e.g. data.root=...)")
-    p.add_argument("-w", "--weights", help="checkpoint file, run directory or zoo:NAME")
+    p.add_argument("-w", "--weights", help="checkpoint file, run directory, zoo:NAME or exported .mge/.onnx file")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
+    p.add_argument("--backend", default="eager", choices=["eager", *BACKENDS],
+                   help="eager MegEngine (default), or an exported graph in megengine (GraphInference), "
+                        "lite (MegEngine Lite) or onnxruntime")
+    p.add_argument("--threads", type=int, help="runtime threads for an exported graph (default: the runtime's own)")
     p.add_argument("--json", action="store_true", help='print a last line {"top1":..,"top5":..,"loss":..,"images":..}')
     return p.parse_intermixed_args(argv)
 
@@ -50,13 +86,14 @@ def main(argv=None):
     args = _parse(argv)
     setup_logging(None)
     if zoo_name(args.config) is not None:
-        cfg, weights = zoo_config(zoo_name(args.config), args.overrides), args.config
+        cfg, weights = zoo_config(zoo_name(args.config), args.overrides), args.weights or args.config
     else:
         if not args.weights:
-            raise ConfigError("no weights: pass -w CHECKPOINT|RUN_DIR|zoo:NAME")
+            raise ConfigError("no weights: pass -w CHECKPOINT|RUN_DIR|zoo:NAME|MODEL.mge|MODEL.onnx")
         cfg, weights = load_config(args.config, args.overrides), args.weights
-    m = test(cfg, weights, ema=args.ema)
-    logger.info(f"{weights}{' (EMA)' if args.ema else ''}: top1 {m['top1']:.2f} top5 {m['top5']:.2f} "
+    m = test(cfg, weights, ema=args.ema, backend=args.backend, threads=args.threads)
+    via = f" via {args.backend}" if args.backend != "eager" else " (exported)" if is_exported_file(weights) else ""
+    logger.info(f"{weights}{' (EMA)' if args.ema else ''}{via}: top1 {m['top1']:.2f} top5 {m['top5']:.2f} "
                 f"loss {m['loss']:.4f} on {m['images']} images")
     if args.json and dist.is_main_process():
         print(json.dumps(m))

@@ -10,7 +10,8 @@ import sys
 from collections import defaultdict
 
 # optional dependencies may be imported inside functions; everything else is imported at module top
-OPTIONAL = {"mpi4py", "matplotlib", "tqdm", "torch", "torchvision", "timm", "onnx", "onnxruntime", "safetensors"}
+OPTIONAL = {"mpi4py", "matplotlib", "tqdm", "torch", "torchvision", "timm", "onnx", "onnxruntime", "safetensors",
+            "megenginelite"}
 
 
 def module_name(path, root):
