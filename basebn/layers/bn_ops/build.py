@@ -318,6 +318,10 @@ def _load_spec(spec):
     lib_path = os.path.join(spec.build_dir, spec.lib_name + "_v0.so")
     marker = os.path.join(spec.build_dir, "built.ok")
     os.makedirs(spec.build_dir, exist_ok=True)
+    # libgomp comes in with the oneDNN library and reads this once, at load. Its default (active) keeps
+    # the conv ops' OpenMP threads spinning after each op, on the core MegEngine's own ops then need:
+    # ResNet-20 step at 2 threads 800 -> 485 ms (benchmarks/bench_train_step.py). A user's value wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # Several processes (pytest workers, data-parallel ranks) may build at once. MegEngine's own
     # lock file makes the losers return a path without ".so" and is left behind by a killed
     # build; an flock (released when its process dies) serialises build + load instead.
