@@ -4,7 +4,8 @@
 WEIGHTS is a checkpoint file (.npz, or a legacy .pkl), a run directory (its final weights), zoo:NAME,
 basecls:PATH, timm:PATH (.safetensors), or an exported model (.mge / .onnx, from python -m basebn.deploy).
 --backend eager (default) runs the model in MegEngine; megengine / lite / onnxruntime export it on the fly
-to a temporary .mge / .onnx file (or take the -w file as is) and run that file in GraphInference / MegEngine Lite / onnxruntime.
+to a temporary .mge / .onnx file (or take the -w file as is) and run that file in GraphInference /
+MegEngine Lite / onnxruntime.
 """
 import argparse
 import json
@@ -17,15 +18,13 @@ from loguru import logger
 
 from . import distributed as dist
 from .cli import cli_main
-from .config import ConfigError, load_config
+from .config import ConfigError
 from .deploy import BACKENDS, export_mge, export_onnx, load_exported
 from .deploy.evaluate import evaluate_exported
-from .engine.build import build_data, build_model_from_cfg, example_input, zoo_config
+from .engine.build import build_data, example_input, load_trained, resolve_config
 from .engine.evaluate import evaluate
 from .engine.logging import setup_logging
-from .models import load_weights
 from .layers import enable_efficient_conv_bn_eval
-from .models.weights import zoo_name
 
 __all__ = ["test", "main", "is_exported_file"]
 
@@ -47,14 +46,13 @@ def test(cfg, weights, ema=False, backend="eager", threads=None):
     `backend` other than "eager" exports the model to a temporary file and evaluates that file; `weights`
     may also be an exported .mge/.onnx file itself (then `ema` must be False).
     """
-    dist.init("auto")
-    ds, loader = build_data(cfg, train=False)
     if is_exported_file(weights):
         if ema:
             raise ConfigError(f"--ema selects weights in a checkpoint; {weights!r} is an exported model: drop --ema")
+        dist.init("auto")
+        _, loader = build_data(cfg, train=False)
         return _evaluate_exported_file(weights, loader, None if backend == "eager" else backend, threads)
-    model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
-    load_weights(model, weights, ema=ema)
+    model, ds, loader = load_trained(cfg, weights, ema=ema)
     if backend != "eager":
         ext = BACKENDS[backend]
         with tempfile.TemporaryDirectory(prefix="basebn-test-") as tmp:
@@ -85,12 +83,7 @@ def main(argv=None):
     """CLI entry: parse argv, evaluate, print the metrics (and a JSON line with --json); returns the exit code."""
     args = _parse(argv)
     setup_logging(None)
-    if zoo_name(args.config) is not None:
-        cfg, weights = zoo_config(zoo_name(args.config), args.overrides), args.weights or args.config
-    else:
-        if not args.weights:
-            raise ConfigError("no weights: pass -w CHECKPOINT|RUN_DIR|zoo:NAME|MODEL.mge|MODEL.onnx")
-        cfg, weights = load_config(args.config, args.overrides), args.weights
+    cfg, weights = resolve_config(args.config, args.overrides, args.weights)
     m = test(cfg, weights, ema=args.ema, backend=args.backend, threads=args.threads)
     via = f" via {args.backend}" if args.backend != "eager" else " (exported)" if is_exported_file(weights) else ""
     logger.info(f"{weights}{' (EMA)' if args.ema else ''}{via}: top1 {m['top1']:.2f} top5 {m['top5']:.2f} "

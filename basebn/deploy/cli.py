@@ -12,41 +12,19 @@ import sys
 import numpy as np
 from loguru import logger
 
-from .. import distributed as dist
 from ..cli import cli_main
-from ..config import ConfigError, load_config
-from ..engine.build import build_data, build_model_from_cfg, zoo_config
+from ..engine.build import load_trained, resolve_config
 from ..engine.logging import setup_logging
-from ..models import load_weights
-from ..models.weights import zoo_name
 from .errors import ExportError
 from .mge_export import export_mge
 from .onnx_export import export_onnx
 from .runtime import max_abs_difference
 
-__all__ = ["FORMATS", "VERIFY_TOLERANCE", "resolve_config", "load_trained", "verify_batch", "main"]
+__all__ = ["FORMATS", "VERIFY_TOLERANCE", "verify_batch", "main"]
 
 FORMATS = {"mge": export_mge, "onnx": export_onnx}
 VERIFY_TOLERANCE = 1e-4
 _VERIFY_IMAGES = 16
-
-
-def resolve_config(spec, overrides, weights):
-    """(cfg, weights spec) for CONFIG.py + -w WEIGHTS, or for zoo:NAME (its own config and weights)."""
-    if zoo_name(spec) is not None:
-        return zoo_config(zoo_name(spec), overrides), weights or spec
-    if not weights:
-        raise ConfigError("no weights: pass -w CHECKPOINT|RUN_DIR|zoo:NAME")
-    return load_config(spec, overrides), weights
-
-
-def load_trained(cfg, weights, ema=False):
-    """(model with `weights` loaded, test dataset, test loader) for config `cfg`."""
-    dist.init("auto")
-    ds, loader = build_data(cfg, train=False)
-    model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
-    load_weights(model, weights, ema=ema)
-    return model, ds, loader
 
 
 def verify_batch(loader, input_shape):

@@ -2,12 +2,13 @@
 import numpy as np
 
 from .. import distributed as dist
-from ..config import load_config
+from ..config import ConfigError, load_config
 from ..data import build_dataset, build_loader, validate_dataset
-from ..models import build_model, model_info
+from ..models import build_model, load_weights, model_info
+from ..models.weights import zoo_name
 from ..zoo import zoo_config_source
 
-__all__ = ["build_data", "build_model_from_cfg", "example_input", "zoo_config"]
+__all__ = ["build_data", "build_model_from_cfg", "example_input", "zoo_config", "resolve_config", "load_trained"]
 
 
 def zoo_config(name, overrides=()):
@@ -50,3 +51,22 @@ def build_model_from_cfg(cfg, in_channels):
 def example_input(dataset):
     """A zero batch of two images shaped like `dataset`'s, for tracing the model."""
     return np.zeros((2, *dataset.image_shape), dtype=np.float32)
+
+
+def resolve_config(spec, overrides, weights):
+    """(cfg, weights spec) for CONFIG.py + -w WEIGHTS, or for zoo:NAME (its own config and weights)."""
+    if zoo_name(spec) is not None:
+        return zoo_config(zoo_name(spec), overrides), weights or spec
+    if not weights:
+        raise ConfigError("no weights: pass -w CHECKPOINT|RUN_DIR|zoo:NAME "
+                          "(basebn.test also takes MODEL.mge|MODEL.onnx)")
+    return load_config(spec, overrides), weights
+
+
+def load_trained(cfg, weights, ema=False):
+    """(model with `weights` loaded, test dataset, test loader) for config `cfg`."""
+    dist.init("auto")
+    ds, loader = build_data(cfg, train=False)
+    model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
+    load_weights(model, weights, ema=ema)
+    return model, ds, loader

@@ -31,16 +31,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "megbrain/custom/custom.h"
+#include "queued_work.h"
 #include "strided_copy.h"
-
-// MegEngine 1.13 runs a CPU custom op without waiting for the comp node's queued work: see
-// bn_cpu.cpp. Weak, so a MegEngine without the symbol still loads (Python then syncs).
-namespace mgb {
-class CompNode {
-public:
-    static void sync_all() __attribute__((weak));
-};
-}  // namespace mgb
 
 namespace basebn {
 namespace dnnl_conv {
@@ -337,11 +329,6 @@ void execute(Kind kind, const Geom& g, const std::vector<const float*>& ins, con
         }
     strm.wait();
     (void)kind;
-}
-
-void wait_for_queued_work() {
-    if (&mgb::CompNode::sync_all != nullptr)
-        mgb::CompNode::sync_all();
 }
 
 template <class F>

@@ -10,7 +10,8 @@ from basebn.checkpoint import save_npz_weights
 from basebn.config import load_config
 from basebn.deploy import cli as deploy_cli
 from basebn.deploy import eager_logits, run_exported
-from basebn.deploy.cli import load_trained, main as deploy_main
+from basebn.deploy.cli import main as deploy_main
+from basebn.engine.build import load_trained
 from basebn.engine.build import build_data, build_model_from_cfg
 import basebn.test as basebn_test
 

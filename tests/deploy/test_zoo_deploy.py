@@ -7,9 +7,8 @@ import pytest
 import basebn.zoo as zoo
 from basebn.data.idx import FASHION_MNIST_DEFAULT_ROOT
 from basebn.deploy import export_mge, export_onnx, load_exported
-from basebn.deploy.cli import load_trained
 from basebn.deploy.evaluate import evaluate_exported
-from basebn.engine.build import zoo_config
+from basebn.engine.build import load_trained, zoo_config
 
 ENTRY = "fmnist_r20_fullres_restart2"
 

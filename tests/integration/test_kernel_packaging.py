@@ -48,7 +48,7 @@ def test_installed_package_finds_its_kernels(tmp_path):
 
     assert info["package"] == str(site / "basebn")
     assert info["sources"] == str(site / "basebn" / "kernels")
-    assert {"bn_ops.cpp", "bn_cpu.cpp", "bn_cuda.cu", "bn_kernels.h", "bn_math.h", "strided_copy.h", "conv_dnnl.cpp"} <= set(info["files"])
+    assert {"bn_ops.cpp", "bn_cpu.cpp", "bn_cuda.cu", "bn_kernels.h", "bn_math.h", "strided_copy.h", "queued_work.h", "conv_dnnl.cpp"} <= set(info["files"])
     # same sources and flags: same cache key as the source tree's, so the cached build is reused
     assert info["build_dir"] == bn_ops.kernel_build_spec(False).build_dir
     if bn_ops.kernel_available():
