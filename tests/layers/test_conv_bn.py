@@ -33,6 +33,7 @@ from basebn.layers.conv import fast_cpu_weight_grad
 from basebn.layers.norm import is_bn2d
 from basebn.models import resnet20
 from tests.support.megengine_bug import first_repeated
+from tests.support.numpy_resnet import resnet_eval_forward_backward
 
 TOL = 1e-5
 
@@ -298,18 +299,47 @@ def test_shared_modules_left_alone():
     assert find_conv_bn_pairs(net, X) == []
 
 
-@pytest.mark.xfail(strict=False, reason="passes alone and with any one test directory before it, but in the full "
-                   "`make test` order x.grad differs by 3% (0.0106 of 0.372, the same in two full runs): an "
-                   "unidentified state left by an earlier test; open defect, see the 2026-11-24 closing note")
-def test_resnet20_all_pairs_values_and_grads():
-    net = randomize(resnet20(num_classes=5))
+def resnet20_with_own_weights(seed):
+    """ResNet-20 whose every parameter and buffer comes from this test's own generator.
+
+    Built plainly, the conv and fc weights come from MegEngine's global generator, which every earlier test
+    advances: the checked model then depended on the test order (the defect of issue P, see below).
+    """
+    net = randomize(resnet20(num_classes=5), seed)
+    rng = np.random.default_rng(seed + 1)
+    for name, p in net.named_parameters():
+        if p.ndim >= 2:  # conv and fc weights, He-normal
+            fan_in = int(np.prod(p.shape[1:]))
+            p._reset(mge.tensor(rng.normal(0, np.sqrt(2 / fan_in), p.shape).astype(np.float32)))
+    return net
+
+
+# The check once failed in the full suite order only (x.grad off by ~3%). Cause: the conv weights came from
+# MegEngine's global generator, so the model depended on what ran before, and under some of those states a ReLU
+# input fell within float32 rounding of 0 (8.9e-8 in the suite order): the input gradient is discontinuous there,
+# and the plain MegEngine run (not the efficient one) took the other side of the kink than float64 does.
+# global_seed=69 is such a state for the old test (x.grad off by 0.00425 of 0.469); the model no longer depends
+# on it, the reference is float64 numpy, and the test asserts that its instance is away from every kink.
+@pytest.mark.parametrize("global_seed", [None, 69])
+def test_resnet20_all_pairs_values_and_grads(global_seed):
+    if global_seed is not None:
+        mge.random.seed(global_seed)
+    net = resnet20_with_own_weights(seed=5)
     net.eval()
     ref = copy.deepcopy(net)
     x = np.random.default_rng(3).standard_normal((2, 3, 8, 8)).astype(np.float32)
     pairs = enable_efficient_conv_bn_eval(net)  # example input inferred from the first conv
     n_bn = sum(is_bn2d(m) for m in net.modules())
     assert len(pairs) == n_bn == 21
-    assert_same_run(reference_run(net, x), reference_run(ref, x))
+    run, plain = reference_run(net, x), reference_run(ref, x)
+    dy = np.random.default_rng(1).standard_normal(run[0].shape).astype(np.float32)  # forward_backward's seed=1
+    y64, dx64, kink_margin = resnet_eval_forward_backward(state(ref), x, dy)
+    # ~20k ReLU inputs of O(1): the closest to 0 is typically 1e-5..1e-4; float32 errors here are ~1e-6
+    assert kink_margin > 1e-5, f"ill-posed instance: a ReLU input is {kink_margin:.2g} from 0"
+    for name, (y, dx, _) in (("efficient", run), ("plain", plain)):
+        close(y, y64)
+        close(dx, dx64)
+    assert_same_run(run, plain)  # parameter gradients: efficient vs plain
 
 
 # ---------------------------------------------------------------- round trip, state dict, copies
