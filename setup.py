@@ -8,11 +8,13 @@ setup(
     version="0.1.0",
     description="MegEngine image-classification trainer that gets BatchNorm right and fast",
     python_requires=">=3.8,<3.11",  # MegEngine 1.13 wheels exist for CPython 3.8-3.10 only
-    # basebn.zoo_data is the repository's zoo/ (zoo.json, README, weights): basebn.zoo.zoo_dir() finds it installed
-    packages=find_packages(include=["basebn", "basebn.*"]) + ["basebn.zoo_data"],
-    package_dir={"basebn.zoo_data": "zoo"},
+    # basebn.zoo_data is the repository's zoo/ (zoo.json, README, weights): basebn.zoo.zoo_dir() finds it installed;
+    # basebn.zoo_data.configs is the repository's configs/ (the zoo entries' configs, hash-checked before they run):
+    # installed, an entry's "configs/NAME.py" resolves inside basebn/zoo_data as it does in the source tree root
+    packages=find_packages(include=["basebn", "basebn.*"]) + ["basebn.zoo_data", "basebn.zoo_data.configs"],
+    package_dir={"basebn.zoo_data": "zoo", "basebn.zoo_data.configs": "configs"},
     include_package_data=True,
-    package_data={"basebn": ["kernels/*.cpp", "kernels/*.h", "kernels/*.cu"],  # built on first use
+    package_data={"basebn": ["kernels/*.cpp", "kernels/*.h", "kernels/*.cu", "kernels/*.cuh"],  # built on first use
                   "basebn.zoo_data": ["zoo.json", "README.md", "*.npz"]},
     install_requires=[
         "megengine>=1.13,<1.14",

@@ -1,13 +1,16 @@
 """What every CLI shares: one clear line for what a user can fix, and no rank left waiting.
 
-User errors print `error: ...` and exit 2; a full or read-only disk prints one line and exits 1; Ctrl-C
-prints one line and exits 130. In a multi-process job a failing rank ends the whole job (MPI_Abort),
+User errors print `error: ...` and exit 2; a full or read-only disk, or a permission the process lacks, prints
+one line naming which and exits 1; Ctrl-C prints one line and exits 130, SIGTERM (what job schedulers send)
+the same line and 143 (128 + the signal's number, as for Ctrl-C). In a multi-process job a failing rank ends the whole job (MPI_Abort),
 after a short pause on ranks other than 0 so that rank 0's own error, when it has one, is the one printed.
 """
 import errno
 import functools
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -20,12 +23,18 @@ from .data import DataError
 from .engine.run_dir import RunDirError
 from .zoo import ZooError
 
-__all__ = ["USER_ERRORS", "cli_main", "quiet_device_probe"]
+__all__ = ["USER_ERRORS", "Terminated", "cli_main", "quiet_device_probe"]
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, ZooError, RunDirError)
-# what the machine, not the code, got wrong: reported in one line
+# what the machine, not the code, got wrong: reported in one line, each with its own advice
 _DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
 _LATE_RANK_PAUSE_S = 0.5
+_RESUME_HINT = "a training run continues from its last checkpoint with --resume"
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread when SIGTERM arrives, so it ends a run as Ctrl-C does (clean-up runs,
+    checkpoints stay intact); a KeyboardInterrupt, so every `except KeyboardInterrupt` treats it alike."""
 
 
 def quiet_device_probe():
@@ -44,22 +53,73 @@ def quiet_device_probe():
         os.close(devnull)
 
 
+def _os_error_line(exc):
+    """One line for an OSError of _DISK_ERRNOS: what happened, where, and the fix for that errno."""
+    where = f": {exc.filename}" if exc.filename else ""
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        what, fix = f"permission denied{where}", "give this user write access to it (or choose another output_dir)"
+    elif exc.errno == errno.EROFS:
+        what, fix = f"read-only file system{where}", "write to a writable disk (e.g. another output_dir)"
+    elif exc.errno == errno.EDQUOT:
+        what, fix = f"disk quota exceeded{where}", "free space within your quota"
+    else:
+        what, fix = f"disk full (no space left on device){where}", "free space"
+    return (f"error: {what}; files written before stay intact (checkpoints are replaced atomically): {fix}, "
+            f"then run again (training: with --resume)")
+
+
 def _one_line(exc):
+    if isinstance(exc, Terminated):
+        return 128 + signal.SIGTERM, f"terminated (SIGTERM); {_RESUME_HINT}"
     if isinstance(exc, KeyboardInterrupt):
-        return 130, "interrupted; a training run continues from its last checkpoint with --resume"
+        return 130, f"interrupted; {_RESUME_HINT}"
     if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS:
-        where = f" ({exc.filename})" if exc.filename else ""
-        return 1, (f"error: {exc.strerror}{where}; files written before stay intact (checkpoints are replaced "
-                   f"atomically): free space or fix permissions, then run again (training: with --resume)")
+        return 1, _os_error_line(exc)
     return 2, f"error: {exc}"
+
+
+def _raise_terminated(owner_pid):
+    """A SIGTERM handler for process `owner_pid`: raise Terminated there; in a forked child (a data worker)
+    end as an unhandled SIGTERM would."""
+    def handler(signum, frame):
+        if os.getpid() != owner_pid:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated()
+    return handler
+
+
+def _install_sigterm_handler():
+    """Make SIGTERM raise Terminated in this (main) thread; returns the previous handler (None: not installed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:  # started with SIGTERM ignored (nohup-like): keep it so
+        return None
+    signal.signal(signal.SIGTERM, _raise_terminated(os.getpid()))
+    return previous
 
 
 def cli_main(main):
     """Decorate a CLI's `main(argv) -> exit code` with the error handling described in this module."""
     @functools.wraps(main)
     def wrapper(argv=None):
-        quiet_device_probe()
+        previous = _install_sigterm_handler()
         try:
+            return _reported(main, argv)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    return wrapper
+
+
+def _reported(main, argv):
+    """Run `main(argv)`; a user error, an interrupt or a disk/permission error becomes one line and an exit code."""
+    try:
+        try:
+            quiet_device_probe()
             return main(argv)
         except (*USER_ERRORS, KeyboardInterrupt, OSError) as exc:
             if isinstance(exc, OSError) and exc.errno not in _DISK_ERRNOS:
@@ -67,14 +127,14 @@ def cli_main(main):
             code, line = _one_line(exc)
         except Exception:  # a bug: keep the traceback, but never leave other ranks waiting
             return _unexpected()
-        if distributed.is_multiprocess_job():
-            _pause_unless_rank0()
-            print(line, file=sys.stderr)
-            distributed.abort_job(code)
+    except Terminated as exc:  # a second SIGTERM while the first was being handled
+        code, line = _one_line(exc)
+    if distributed.is_multiprocess_job():
+        _pause_unless_rank0()
         print(line, file=sys.stderr)
-        return code
-
-    return wrapper
+        distributed.abort_job(code)
+    print(line, file=sys.stderr)
+    return code
 
 
 def _pause_unless_rank0():

@@ -1,5 +1,7 @@
 """python -m basebn.test CONFIG.py -w WEIGHTS [--ema] [--backend B] [--threads N] [--json] [KEY=VALUE ...]
    python -m basebn.test zoo:NAME [--ema] [--backend B] [--json]
+   python -m basebn.test ... --adapt none|bn_batch|adabn|tent [--episodic] [--adapt-lr LR] [--adapt-steps N]
+                             [--adapt-optimizer adam|sgd] [--save-adapted OUT.npz [--force]]
 
 WEIGHTS is a checkpoint file (.npz, or a legacy .pkl), a run directory (its final weights), zoo:NAME,
 basecls:PATH, timm:PATH (.safetensors), or an exported model (.mge / .onnx, from python -m basebn.deploy).
@@ -21,6 +23,8 @@ from .cli import cli_main
 from .config import ConfigError
 from .deploy import BACKENDS, export_mge, export_onnx, load_exported
 from .deploy.evaluate import evaluate_exported
+from .engine.adapt_eval import (AdaptOptions, add_adapt_arguments, adapt_options_from_args, check_adapt_options,
+                                evaluate_with_adaptation)
 from .engine.build import build_data, example_input, load_trained, resolve_config
 from .engine.evaluate import evaluate
 from .engine.logging import setup_logging
@@ -36,29 +40,37 @@ def is_exported_file(spec):
     return isinstance(spec, str) and os.path.splitext(spec)[1].lower() in _EXPORTERS
 
 
-def _evaluate_exported_file(path, loader, backend, threads):
-    return evaluate_exported(load_exported(path, backend, threads), loader, desc=f"test ({backend or 'exported'})")
+def _evaluate_exported_file(path, ds, loader, num_classes, backend, threads):
+    exported = load_exported(path, backend, threads)
+    exported.check_data(ds.image_shape, num_classes)
+    return evaluate_exported(exported, loader, desc=f"test ({backend or 'exported'})")
 
 
-def test(cfg, weights, ema=False, backend="eager", threads=None):
+def test(cfg, weights, ema=False, backend="eager", threads=None, adapt=None):
     """Evaluate `weights` on the test split of cfg's dataset; returns {'top1', 'top5', 'loss', 'images'}.
 
     `backend` other than "eager" exports the model to a temporary file and evaluates that file; `weights`
-    may also be an exported .mge/.onnx file itself (then `ema` must be False).
+    may also be an exported .mge/.onnx file itself (then `ema` must be False). `adapt` (an AdaptOptions)
+    selects test-time BN adaptation (basebn.engine.adapt_eval; eager backend only).
     """
+    adapt = adapt or AdaptOptions()
+    check_adapt_options(adapt, backend=backend, exported=is_exported_file(weights))
     if is_exported_file(weights):
         if ema:
             raise ConfigError(f"--ema selects weights in a checkpoint; {weights!r} is an exported model: drop --ema")
         dist.init("auto")
-        _, loader = build_data(cfg, train=False)
-        return _evaluate_exported_file(weights, loader, None if backend == "eager" else backend, threads)
+        ds, loader = build_data(cfg, train=False)
+        return _evaluate_exported_file(weights, ds, loader, cfg.num_classes, None if backend == "eager" else backend,
+                                       threads)
     model, ds, loader = load_trained(cfg, weights, ema=ema)
+    if adapt.active:
+        return evaluate_with_adaptation(model, loader, cfg.batch_size, adapt, source=weights)
     if backend != "eager":
         ext = BACKENDS[backend]
         with tempfile.TemporaryDirectory(prefix="basebn-test-") as tmp:
             path = os.path.join(tmp, "model" + ext)
             _EXPORTERS[ext](model, path, example_input(ds).shape)
-            return _evaluate_exported_file(path, loader, backend, threads)
+            return _evaluate_exported_file(path, ds, loader, cfg.num_classes, backend, threads)
     if cfg.bn.efficient_conv_bn_eval:
         enable_efficient_conv_bn_eval(model, example_input=mge.tensor(example_input(ds)))
     return evaluate(model, loader, desc="test")
@@ -75,6 +87,7 @@ def _parse(argv):
                         "lite (MegEngine Lite) or onnxruntime")
     p.add_argument("--threads", type=int, help="runtime threads for an exported graph (default: the runtime's own)")
     p.add_argument("--json", action="store_true", help='print a last line {"top1":..,"top5":..,"loss":..,"images":..}')
+    add_adapt_arguments(p)
     return p.parse_intermixed_args(argv)
 
 
@@ -82,10 +95,14 @@ def _parse(argv):
 def main(argv=None):
     """CLI entry: parse argv, evaluate, print the metrics (and a JSON line with --json); returns the exit code."""
     args = _parse(argv)
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {args.threads}")
     setup_logging(None)
     cfg, weights = resolve_config(args.config, args.overrides, args.weights)
-    m = test(cfg, weights, ema=args.ema, backend=args.backend, threads=args.threads)
+    m = test(cfg, weights, ema=args.ema, backend=args.backend, threads=args.threads,
+             adapt=adapt_options_from_args(args))
     via = f" via {args.backend}" if args.backend != "eager" else " (exported)" if is_exported_file(weights) else ""
+    via += f" adapted by {args.adapt}" if args.adapt != "none" else ""
     logger.info(f"{weights}{' (EMA)' if args.ema else ''}{via}: top1 {m['top1']:.2f} top5 {m['top5']:.2f} "
                 f"loss {m['loss']:.4f} on {m['images']} images")
     if args.json and dist.is_main_process():

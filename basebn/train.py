@@ -14,7 +14,6 @@ import urllib.parse
 import numpy as np
 
 import megengine as mge
-from megengine.autodiff import GradManager
 from megengine.distributed import launcher
 from loguru import logger
 
@@ -22,18 +21,16 @@ from . import distributed as dist
 from .checkpoint import LATEST, CheckpointError, complete_run, find_checkpoint, load_latest
 from .cli import USER_ERRORS, cli_main
 from .config import ConfigError, config_diff, load_config
-from .data import DataError
-from .engine.build import build_data, build_model_from_cfg, example_input
-from .engine.ema import ModelEMA, pycls_momentum
+from .engine.build import (build_data, build_ema, build_grad_scaler, build_precise_bn_loader, build_train_data,
+                           build_train_model, build_trainer, scaled_base_lr)
 from .engine.hooks import default_hooks
 from .engine.logging import setup_logging
 from .engine.metrics_log import metrics_path, truncate_metrics
 from .engine.run_dir import open_run_dir
 from .engine.optimizer import build_optimizer
-from .engine.state import restore_training_state
-from .engine.trainer import ClsTrainer, NonFiniteLossError
-from .layers import enable_efficient_conv_bn_eval
-from .models import load_weights
+from .engine.training_state import restore_training_state
+from .engine.run_record import RunRecord
+from .engine.trainer import NonFiniteLossError
 from .utils.fs import atomic_write_bytes, remove_stale_tmp
 
 __all__ = ["train", "main"]
@@ -44,12 +41,6 @@ def seed_all(seed):
     random.seed(seed)
     np.random.seed(seed % 2**32)
     mge.random.seed(seed)
-
-
-def _broadcast_params(model):
-    if dist.get_world_size() > 1:
-        for p in list(model.parameters()) + list(model.buffers()):
-            p._reset(dist.broadcast(p, src=0))
 
 
 def _save_config(cfg, run_dir):
@@ -75,58 +66,39 @@ def train(cfg, resume=False, restart=False):
             lock.release()
 
 
-def _train_locked(cfg, run_dir, resume, moved_to):
+def _start_logging(cfg, run_dir, moved_to):
     setup_logging(run_dir)
     if moved_to:
         logger.info(f"--restart: the previous run in {run_dir} was moved to {moved_to}")
     if dist.is_main_process():
         for name in remove_stale_tmp(run_dir):
             logger.info(f"removed {name}, left by a write that was interrupted")
-    world = dist.get_world_size()
-    logger.info(f"run directory {run_dir}, {world} process(es), backend {dist.backend()}")
+    logger.info(f"run directory {run_dir}, {dist.get_world_size()} process(es), backend {dist.backend()}")
     logger.info("config differs from the defaults in: " + json.dumps(config_diff(cfg), default=str))
+
+
+def _train_locked(cfg, run_dir, resume, moved_to):
+    """The run, assembled from engine/build.py's build_* calls (pycls's train_model reads this way)."""
+    _start_logging(cfg, run_dir, moved_to)
     seed_all(cfg.seed)
-    if cfg.amp.enabled and not mge.is_cuda_available():
-        logger.warning("amp.enabled needs a GPU; training in float32 on the CPU")
-        cfg.amp.enabled = False
-
-    train_ds, train_loader = build_data(cfg, train=True)
-    test_ds, test_loader = build_data(cfg, train=False)
-    if len(train_loader) == 0:
-        raise DataError(f"no full batch: {len(train_ds)} training samples over {world} process(es) "
-                         f"with batch_size={cfg.batch_size}; lower batch_size")
-    _, precise_loader = build_data(cfg.clone().merge({"seed": cfg.seed + 1}), train=True)
-
-    model = build_model_from_cfg(cfg, in_channels=train_ds.image_shape[0])
-    if cfg.model.weights:
-        load_weights(model, cfg.model.weights, allow_new_head=True)
-    _broadcast_params(model)
-    if cfg.bn.efficient_conv_bn_eval:
-        enable_efficient_conv_bn_eval(model, example_input=mge.tensor(example_input(train_ds)))
-
-    base_lr = cfg.solver.basic_lr * world  # linear scaling rule, as basecls
+    grad_scaler = build_grad_scaler(cfg)  # first: without a GPU it turns amp off in cfg
+    train_ds, train_loader = build_train_data(cfg)
+    _, test_loader = build_data(cfg, train=False)
+    precise_loader = build_precise_bn_loader(cfg)
+    model = build_train_model(cfg, train_ds)
+    base_lr = scaled_base_lr(cfg)
     optimizer = build_optimizer(model, cfg.solver, base_lr)
-    gm = GradManager().attach(model.parameters())
-    scaler = mge.amp.GradScaler(init_scale=65536.0 if cfg.amp.dynamic_scale else 128.0,
-                                growth_interval=2000 if cfg.amp.dynamic_scale else 0) if cfg.amp.enabled else None
-    ema = None
-    if cfg.model_ema.enabled:
-        c = cfg.model_ema
-        momentum = c.momentum if c.alpha is None else pycls_momentum(
-            c.alpha, cfg.batch_size * world, cfg.solver.max_epoch, c.update_period)
-        ema = ModelEMA(model, momentum=momentum, copy_buffers=c.copy_buffers)
-        logger.info(f"model EMA momentum {momentum:.6f}, update every {c.update_period} iteration(s)")
-
-    hooks = default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader)
-    trainer = ClsTrainer(cfg, model, train_loader, optimizer, gm, hooks=hooks, ema=ema, grad_scaler=scaler)
-    start_epoch = 1
-    if resume:
-        start_epoch = _resume(trainer, run_dir)
+    ema = build_ema(cfg, model)
+    record = RunRecord()
+    hooks = default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader, record)
+    trainer = build_trainer(cfg, model, train_loader, optimizer, hooks, ema=ema, grad_scaler=grad_scaler,
+                            record=record)
+    start_epoch = _resume(trainer, run_dir) if resume else 1
     _save_config(cfg, run_dir)
     if start_epoch > cfg.solver.max_epoch:
         return None  # _resume said what it found and completed
     trainer.train(start_info=[start_epoch, 1], max_info=[cfg.solver.max_epoch, len(train_loader)])
-    return trainer.last_metrics
+    return record.last_metrics
 
 
 def _resume(trainer, run_dir):

@@ -22,7 +22,7 @@ import megengine.functional as F  # noqa: E402
 import megengine.module as M  # noqa: E402
 from megengine.autodiff import GradManager  # noqa: E402
 
-from basebn.layers import bn_ops  # noqa: E402
+from basebn.layers import bn_ops, kernel_library  # noqa: E402
 
 EPS = 1e-5
 
@@ -85,10 +85,10 @@ def main():
     ap.add_argument("--shapes", nargs="*", default=["128,32,28,28", "32,256,14,14"])
     args = ap.parse_args()
 
-    have_kernel = bn_ops.kernel_available()
+    have_kernel = kernel_library.kernel_available()
     threads = os.environ.get("BASEBN_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
     print(f"megengine {mge.__version__}, cores {len(os.sched_getaffinity(0))}, kernel threads {threads}, "
-          f"kernels: {'available' if have_kernel else 'UNAVAILABLE: ' + str(bn_ops.kernel_error())}")
+          f"kernels: {'available' if have_kernel else 'UNAVAILABLE: ' + str(kernel_library.kernel_error())}")
 
     rows = []
     rng = np.random.default_rng(0)

@@ -607,9 +607,9 @@ class BasebnOpBackend:
 
     def __init__(self):
         import megengine as mge
-        from basebn.layers import bn_ops, conv_ops
-        if not bn_ops.conv_kernel_available():
-            raise RuntimeError(f"basebn conv ops unavailable: {bn_ops.conv_kernel_error()}")
+        from basebn.layers import conv_ops, kernel_library
+        if not kernel_library.conv_kernel_available():
+            raise RuntimeError(f"basebn conv ops unavailable: {kernel_library.conv_kernel_error()}")
         self.mge, self.ops, self.name, self.t = mge, conv_ops, "basebn-op", {}
 
     def set_threads(self, t):

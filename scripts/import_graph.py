@@ -1,7 +1,7 @@
 """Print basebn's import graph from the source (nothing is imported): package arrows, module cycles,
-imports inside functions, and the largest modules.
+imports inside functions, and the largest modules; with --within PKG also the arrows between PKG's modules.
 
-    python scripts/import_graph.py [--root basebn]
+    python scripts/import_graph.py [--root basebn] [--within basebn.layers]
 """
 import argparse
 import ast
@@ -88,6 +88,23 @@ def package_arrows(modules):
     return arrows
 
 
+def module_arrows(modules, package):
+    """{module: sorted modules it imports} for the modules of ``package`` (subpackages as one node each)."""
+    depth = package.count(".") + 2
+
+    def node(mod):
+        return ".".join(mod.split(".")[:depth])
+
+    arrows = defaultdict(set)
+    for mod, info in modules.items():
+        if not mod.startswith(package + "."):
+            continue
+        for dep in info["imports"]:
+            if dep.startswith(package + ".") and node(dep) != node(mod):
+                arrows[node(mod)].add(node(dep))
+    return {m: sorted(deps) for m, deps in sorted(arrows.items())}
+
+
 def cycles(graph):
     """Strongly connected components with more than one node (Tarjan)."""
     index, low, stack, on, out = {}, {}, [], set(), []
@@ -126,6 +143,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--root", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "basebn"))
     p.add_argument("--largest", type=int, default=8)
+    p.add_argument("--within", action="append", default=[], metavar="PKG",
+                   help="also print the arrows between the modules of PKG (e.g. basebn.layers); repeatable")
     args = p.parse_args(argv)
     modules = scan(args.root)
     print("package arrows:")
@@ -138,6 +157,10 @@ def main(argv=None):
     print(f"imports inside functions (not optional dependencies): {len(lazy)}")
     for m, line, name in lazy:
         print(f"  {m}:{line} {name}")
+    for package in args.within:
+        print(f"module arrows within {package}:")
+        for a, bs in module_arrows(modules, package).items():
+            print(f"  {a[len(package) + 1:]} -> {', '.join(b[len(package) + 1:] for b in bs)}")
     print(f"{len(modules)} modules; largest:")
     for m, info in sorted(modules.items(), key=lambda kv: -kv[1]["lines"])[:args.largest]:
         print(f"  {info['lines']:5d} {m}")

@@ -44,6 +44,17 @@ def test_no_imports_inside_functions(modules):
     assert import_graph.lazy_imports(modules) == []
 
 
+@pytest.mark.parametrize("module, peer, shared", [
+    ("basebn.layers.batch_norm", "basebn.layers.sync_bn", "basebn.layers.bn_function"),
+    ("basebn.layers.conv_ops", "basebn.layers.bn_ops", "basebn.layers.kernel_library"),
+])
+def test_peers_share_a_module_instead_of_importing_each_other(modules, module, peer, shared):
+    """BatchNorm2d and SyncBatchNorm both build on bn_function; the conv ops and the BN ops both on kernel_library."""
+    imports = modules[module]["imports"]
+    assert sorted(d for d in imports if d == peer or d.startswith(peer + ".")) == []
+    assert shared in imports
+
+
 def test_the_checker_sees_a_cycle_and_a_lazy_import(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()

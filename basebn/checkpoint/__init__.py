@@ -9,7 +9,7 @@ from .legacy import load_legacy_checkpoint
 from .payload import FORMAT, load_checkpoint, read_npz_weights, save_checkpoint, save_npz_weights
 from .run_files import (BEST, FINAL, LATEST, complete_run, epoch_file, epoch_files, final_payload, find_checkpoint,
                         load_latest, resolve_weights, write_epoch_end, write_final)
-from .state import load_model_state, model_state
+from .model_state import load_model_state, model_state
 
 __all__ = ["CheckpointError", "read_container", "write_container", "load_legacy_checkpoint", "FORMAT",
            "save_checkpoint", "load_checkpoint", "save_npz_weights", "read_npz_weights", "LATEST", "BEST", "FINAL",

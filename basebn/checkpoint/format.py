@@ -4,10 +4,15 @@ Read with allow_pickle=False, so a file can hold data only, never code. `__meta_
 JSON as uint8); `__sha256__` is the hex sha256 of the canonical content: for every other entry, sorted by
 name, its name, dtype, shape and bytes. A file without `__sha256__` (the shipped zoo weights) is read as
 unchecked; the zoo verifies those by the file's sha256 in zoo.json instead.
+
+Sizes are checked before anything is read: the members together may not decompress to more than this machine's
+memory (check_member_sizes), and no .npy member may declare an array larger than the member itself (a small
+member declaring a huge shape would make numpy allocate that much before it finds the data missing).
 """
 import hashlib
 import io
 import json
+import math
 import os
 import struct
 import zipfile
@@ -18,7 +23,8 @@ import numpy as np
 from ..utils.fs import atomic_write_bytes
 from .errors import CheckpointError
 
-__all__ = ["META", "CHECKSUM", "ZIP_MAGIC", "write_container", "read_container", "content_sha256", "sniff"]
+__all__ = ["META", "CHECKSUM", "ZIP_MAGIC", "write_container", "read_container", "content_sha256", "sniff",
+           "memory_budget_bytes", "check_member_sizes"]
 
 META, CHECKSUM = "__meta__", "__sha256__"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -65,6 +71,56 @@ def sniff(path):
     return "pickle" if head[:1] == _PICKLE_MAGIC else None
 
 
+def memory_budget_bytes():
+    """The most a weights file may decompress to: this machine's physical memory (64 GiB when unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 64 << 30
+
+
+_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _declared_nbytes(zf, info):
+    """Bytes of the array a .npy member's header declares (its shape times its item size); 0 for an object array,
+    which np.load(allow_pickle=False) refuses without allocating it."""
+    with zf.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        reader = _HEADER_READERS.get(version)
+        if reader is None:
+            raise ValueError(f"unsupported .npy format version {version}")
+        shape, _, dtype = reader(f)
+    if dtype.hasobject:
+        return 0
+    return math.prod(int(d) for d in shape) * dtype.itemsize
+
+
+def check_member_sizes(path):
+    """CheckpointError, before any array is read, when the .npz at `path` would need more memory than its
+    declared sizes allow: members decompressing to more than memory_budget_bytes() together, or an .npy member
+    declaring an array larger than the member holds."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+            total, budget = sum(i.file_size for i in infos), memory_budget_bytes()
+            if total > budget:
+                raise CheckpointError(f"{path!r} would decompress to {total / 2**30:.3g} GiB, more than this "
+                                      f"machine's memory ({budget / 2**30:.3g} GiB): refused, nothing was read "
+                                      f"(a damaged or hostile file?)")
+            for info in infos:
+                if info.filename.endswith(".npy"):
+                    declared = _declared_nbytes(zf, info)
+                    if declared > info.file_size:
+                        raise CheckpointError(
+                            f"checkpoint {path!r}: member {info.filename} declares an array of {declared} bytes but "
+                            f"holds {info.file_size}: the file is corrupt or hostile, it was not loaded")
+    except CheckpointError:
+        raise
+    except _READ_ERRORS as exc:
+        raise _corrupt(path, exc) from exc
+
+
 def read_container(path):
     """-> (arrays, meta, checked): checked is False for a file without a checksum entry. Never unpickles."""
     if not os.path.isfile(path):
@@ -73,6 +129,7 @@ def read_container(path):
     if kind != "npz":
         what = "a pickle" if kind == "pickle" else "not a zip archive"
         raise CheckpointError(f"{path!r} is not an .npz checkpoint or weights file ({what}); it was not loaded")
+    check_member_sizes(path)
     try:
         with np.load(path, allow_pickle=False) as z:
             entries = {name: z[name] for name in z.files}

@@ -10,7 +10,8 @@ import numbers
 from ..data import DATASET_ALIASES, DATASET_NAMES, DataError
 from ..data.augment import ERASE_MODES, INTERPOLATIONS, TRAIN_CROPS, parse_policy
 from ..layers.norm import NORM_KINDS
-from ..models import list_models
+from ..models import RESNET_FAMILIES, ZERO_INIT_FAMILIES, list_models, model_info
+from .defaults import DEFAULTS
 
 __all__ = ["RULES", "check_values", "CheckFailed"]
 
@@ -102,6 +103,12 @@ def _dataset_name(v):
     return None if ok else "one of " + ", ".join(DATASET_NAMES)
 
 
+def _class_names(v):
+    """A non-empty list of distinct, non-empty strings (image-folder class names in label order)."""
+    ok = isinstance(v, (list, tuple)) and v and all(isinstance(c, str) and c for c in v) and len(set(v)) == len(v)
+    return None if ok else "a list of distinct class folder names"
+
+
 def _prefetch(v):
     """Batches ahead: an integer >= 0, or True/False (read as 2/0)."""
     return None if isinstance(v, bool) or (_is_int(v) and v >= 0) else "an integer >= 0 (or True/False)"
@@ -141,6 +148,7 @@ RULES = {
     "data.root": optional(text),
     "data.image_size": optional(integer(8)),
     "data.channels": optional(choice(1, 3)),
+    "data.classes": optional(_class_names),
     "data.pad": optional(integer(0)),
     "data.hflip": optional(boolean),
     "data.mean": optional(numbers_list(real())),
@@ -176,7 +184,7 @@ RULES = {
     "model.base_width": optional(integer(1)),
     "model.norm": choice(*NORM_KINDS),
     "model.weights": optional(text),
-    "model.zero_init_residual": boolean,
+    "model.zero_init_residual": optional(boolean),
     "loss.label_smooth": real(0, 1, high_open=True),
     "loss.name": choice("ce", "bce"),
     "solver.optimizer": choice("sgd", "adamw"),
@@ -235,6 +243,26 @@ def _cross_checks(flat):
     yield steps == sorted(steps), "solver.lr_decay_steps must be in increasing order"
 
 
+def _model_family_checks(flat):
+    """Model keys that only some families take, against model.name's family: (ok, message). Run after the
+    per-key rules, so model.name is a known name."""
+    name = flat["model.name"]
+    family = model_info(name)["family"]
+    if family not in RESNET_FAMILIES:
+        for key in ("model.stem", "model.stem_stride", "model.base_width"):
+            default = DEFAULTS["model"][key.split(".")[1]]
+            yield flat[key] == default, (
+                f"config key {key!r} applies to basebn's ResNets only (families {', '.join(RESNET_FAMILIES)}); "
+                f"model.name={name!r} is family {family!r}: remove {key}={flat[key]!r} (default {default!r})")
+    elif flat["model.stem"] != "small":
+        yield flat["model.stem_stride"] == 1, (
+            f"config key 'model.stem_stride' applies to model.stem='small' only; model.stem is "
+            f"{flat['model.stem']!r}: remove model.stem_stride={flat['model.stem_stride']!r}")
+    yield flat["model.zero_init_residual"] is not True or family in ZERO_INIT_FAMILIES, (
+        f"config key 'model.zero_init_residual' is True but model.name={name!r} (family {family!r}) has no "
+        f"residual block ending in a norm; set it to None or False")
+
+
 def check_values(flat):
     """Raise CheckFailed for the first value of the flat config `flat` that breaks its rule."""
     for key, rule in RULES.items():
@@ -243,5 +271,8 @@ def check_values(flat):
             if msg is not None:
                 raise CheckFailed(f"config key {key!r} must be {msg}, got {flat[key]!r}")
     for ok, msg in _cross_checks(flat):
+        if not ok:
+            raise CheckFailed(msg)
+    for ok, msg in _model_family_checks(flat):
         if not ok:
             raise CheckFailed(msg)

@@ -21,8 +21,11 @@ DEFAULTS = dict(
         root=None,
         # resize images to this square size (imagefolder) / generated size (synthetic); None = native
         image_size=None,
-        # None = the dataset's own channel count
+        # None = the dataset's own channel count (imagefolder: 3 if its training images include colour, else 1)
         channels=None,
+        # imagefolder: the class folder names in label order (num_classes of them); None = the training split's
+        # class folders, sorted. Val folders map to these labels by name
+        classes=None,
         # random-crop zero padding in pixels (0 disables random crop); None = the dataset's default
         pad=None,
         # random horizontal flips; None = the dataset's default (off for MNIST digits)
@@ -94,8 +97,10 @@ DEFAULTS = dict(
         # start from these weights: a checkpoint file, a run directory, zoo:NAME, basecls:PATH (a basecls
         # checkpoint) or timm:PATH (a timm .safetensors file)
         weights=None,
-        # basebn's ResNets: each residual branch's last BN starts at gamma 0
-        zero_init_residual=True,
+        # each residual branch's last norm starts at gamma 0 (Goyal et al. 2017), in every family whose blocks end
+        # in a norm (basebn.models.ZERO_INIT_FAMILIES); None = the family's default: on for basebn's ResNets,
+        # off for basecls's families (as basecls). True for another family (e.g. wrn_*, vgg*_bn) is refused
+        zero_init_residual=None,
     ),
     loss=dict(
         # label smoothing in [0, 1)

@@ -13,6 +13,7 @@ A dataset exposes::
     ds.default_hflip        whether horizontal flips preserve labels
     ds.load(i)              one sample as uint8 (h, w, C), any size (per-sample pipelines)
     ds.decodes_per_sample   True when samples differ in size and go through ``load`` (folders)
+    ds.exact_num_classes    True when num_classes must equal ds.num_classes (folders of named classes)
 """
 
 from typing import Sequence, Tuple
@@ -42,6 +43,7 @@ class Dataset:
     default_pad: int = 4
     default_hflip: bool = True
     decodes_per_sample: bool = False
+    exact_num_classes: bool = False  # True: num_classes must equal the dataset's (its classes are named folders)
 
     def __len__(self) -> int:
         return int(len(self.labels))
@@ -117,6 +119,7 @@ class _Wrapper(Dataset):
         self.default_pad = base.default_pad
         self.default_hflip = base.default_hflip
         self.decodes_per_sample = base.decodes_per_sample
+        self.exact_num_classes = base.exact_num_classes
 
     def get_images(self, indices) -> np.ndarray:
         return self.base.get_images(indices)

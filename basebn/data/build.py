@@ -80,7 +80,8 @@ def build_dataset(data_cfg, train: bool) -> Dataset:
     elif name == "cifar100":
         ds = CIFAR100(root, train=train)
     else:
-        ds = ImageFolder(root, train=train, image_size=image_size, channels=channels)
+        ds = ImageFolder(root, train=train, image_size=image_size, channels=channels,
+                         classes=_get(data_cfg, "classes"), skip_bad_images=bool(_get(data_cfg, "skip_bad_images")))
         image_size = channels = None  # handled while decoding
 
     c, h, w = ds.image_shape
@@ -166,6 +167,10 @@ def validate_dataset(dataset: Dataset, num_classes: int, in_channels: Optional[i
     lo, hi = int(labels.min()), int(labels.max())
     if lo < 0:
         raise DataError(f"{name} has negative label {lo}; labels must be 0..num_classes-1")
+    if dataset.exact_num_classes and num_classes != dataset.num_classes:
+        raise DataError(f"{name} has {dataset.num_classes} classes but num_classes={num_classes}; set "
+                        f"num_classes={dataset.num_classes} (the classes are the training class folders, or "
+                        f"data.classes when set)")
     need = max(int(dataset.num_classes), hi + 1)
     if need > num_classes:
         what = (f"has {dataset.num_classes} classes" if dataset.num_classes >= hi + 1

@@ -71,8 +71,9 @@ class BatchLoader:
         batch_augment: ``(float32 NCHW, rng) -> float32 NCHW`` after pad-crop/flip (train).
         mixer: ``(x, int labels, rng) -> (x, soft targets (B, num_classes))`` (train).
         num_classes: soft-target width for the mixer (default: the dataset's).
-        skip_bad_images: replace an unreadable image by another sample (deterministically)
-            and report the count in one warning per epoch, instead of raising DataError.
+        skip_bad_images: instead of raising DataError, replace an unreadable image by another sample
+            (deterministically) in training, leave it out in evaluation (a shorter batch), and count
+            them in one warning when the epoch's last batch is handed over.
     """
 
     def __init__(self, dataset: Dataset, batch_size: int, *, train: bool, seed: int = 0,
@@ -192,15 +193,6 @@ class BatchLoader:
             y = np.ascontiguousarray(y, dtype=np.float32)
         return np.ascontiguousarray(x, dtype=np.float32), y, replaced
 
-    def make_batch(self, indices: np.ndarray, epoch: int, batch: int
-                   ) -> Tuple[np.ndarray, np.ndarray]:
-        """Images and labels of ``indices`` as batch ``batch`` of ``epoch`` (no mixer)."""
-        if self.sample_transform is not None:
-            x, y, _ = self._per_sample_batch(indices, epoch, batch)
-        else:
-            x, y, _ = self._vectorised_batch(indices, epoch, batch)
-        return x, y
-
     def _vectorised_batch(self, indices, epoch, batch):
         images = self.dataset.get_images(indices)
         rng = self.aug_rng(epoch, batch) if self.train else None
@@ -216,27 +208,36 @@ class BatchLoader:
     def _per_sample_batch(self, indices, epoch, batch):
         x = np.empty((len(indices),) + self.image_shape, np.float32)
         y = np.empty(len(indices), np.int32)
-        replaced: List[str] = []
+        bad: List[str] = []
+        kept = 0
         for i, index in enumerate(indices):
-            image, index = self._load(int(index), epoch, batch, i, replaced)
-            x[i] = self.sample_transform(image, self.sample_rng(epoch, batch, i))
-            y[i] = self.dataset.labels[index]
-        return x, y, replaced
+            loaded = self._load(int(index), epoch, batch, i, bad)
+            if loaded is None:  # evaluation leaves a bad image out (counted in ``bad``)
+                continue
+            image, index = loaded
+            x[kept] = self.sample_transform(image, self.sample_rng(epoch, batch, i))
+            y[kept] = self.dataset.labels[index]
+            kept += 1
+        return x[:kept], y[:kept], bad
 
-    def _load(self, index: int, epoch, batch: int, i: int, replaced: List[str]):
-        """Decode ``index``; with skip_bad_images, fall back to deterministic replacements."""
+    def _load(self, index: int, epoch, batch: int, i: int, bad: List[str]):
+        """(image, index) of ``index``; with skip_bad_images an unreadable image is replaced by deterministic
+        other samples in training and left out (None) in evaluation, and its message appended to ``bad``."""
         for attempt in range(_MAX_REPLACEMENTS):
             try:
                 return self.dataset.load(index), index
             except DataError as e:
                 if not self.skip_bad_images:
-                    raise DataError(f"{e}; or set data.skip_bad_images=True to train on without it") from e
-                replaced.append(str(e))
+                    raise DataError(f"{e}; or set data.skip_bad_images=True to "
+                                    f"{'train on' if self.train else 'evaluate'} without it") from e
+                bad.append(str(e))
+                if not self.train:
+                    return None
                 rng = np.random.default_rng([_SKIP_TAG, self.seed, int(epoch or 0), self.rank,
                                              int(batch), int(i), attempt])
                 index = int(rng.integers(len(self.dataset)))
         raise DataError(f"{_MAX_REPLACEMENTS} unreadable images in a row (the last: "
-                        f"{replaced[-1]}); data.skip_bad_images cannot help, check data.root")
+                        f"{bad[-1]}); data.skip_bad_images cannot help, check data.root")
 
     # ----------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
@@ -250,15 +251,26 @@ class BatchLoader:
         return self._reported(source, epoch)
 
     def _reported(self, source, epoch: int):
-        """Yield (x, y) and warn once at the end of the epoch about replaced images."""
-        replaced: List[str] = []
-        for x, y, bad in source:
-            replaced += bad
-            yield x, y
-        if replaced:
-            logger.warning(f"data: {len(set(replaced))} unreadable image(s) replaced by other samples "
-                           f"{len(replaced)} time(s) in epoch {epoch} (data.skip_bad_images=True); "
-                           f"first: {replaced[0]}")
+        """Yield (x, y) (an evaluation batch whose images were all left out: not at all), and warn about the
+        epoch's unreadable images when its last batch is handed over: a trainer takes exactly len(loader)
+        batches and never asks for the end of the iteration."""
+        bad: List[str] = []
+        for b, (x, y, bad_here) in enumerate(source):
+            bad += bad_here
+            if b == self.num_batches - 1 and bad:
+                self._warn_bad_images(bad, epoch)
+            if len(y):
+                yield x, y
+
+    def _warn_bad_images(self, bad: List[str], epoch: int) -> None:
+        if self.train:  # epochs counted from 1, as the training log does
+            what = f"replaced by other samples {len(bad)} time(s) in epoch {epoch + 1}"
+        else:
+            after = f" after epoch {self.epoch + 1}" if self.epoch is not None else ""
+            what = (f"left out of the evaluation{after} ({self.dataset.split} split; the metrics count the "
+                    f"other images)")
+        logger.warning(f"data: {len(set(bad))} unreadable image(s) {what} (data.skip_bad_images=True); "
+                       f"first: {bad[0]}")
 
     @property
     def worker_pids(self) -> List[int]:

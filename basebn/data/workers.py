@@ -134,6 +134,8 @@ def _describe_exit(proc) -> str:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         hint = " (often: the machine ran out of memory)" if -code == signal.SIGKILL else ""
         return f"was killed by {name}{hint}"
+    if code is None:
+        return "stopped answering (its pipe is closed)"
     return f"exited with code {code}"
 
 
@@ -181,10 +183,25 @@ class WorkerPool:
             while sent < num_batches and self.free[sent % self.num_workers]:
                 w = sent % self.num_workers
                 slot = self.free[w].popleft()
-                self.conns[w].send((epoch, sent, slot))
+                self._send(w, (epoch, sent, slot))
                 self.pending[w].append(slot)
                 sent += 1
             yield self._receive(b % self.num_workers, b)
+
+    def _send(self, w: int, task) -> None:
+        """Hand ``task`` to worker ``w``; a worker gone (its pipe closed) is reported as a DataError."""
+        try:
+            self.conns[w].send(task)
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            self.procs[w].join(timeout=_POLL_S)
+            self._worker_died(w, self.procs[w])
+
+    def _worker_died(self, i: int, proc):
+        self.close()
+        raise DataError(
+            f"data loader worker {i} (pid {proc.pid}) {_describe_exit(proc)} while "
+            f"preparing batches; the run cannot go on. Lower data.num_workers or "
+            f"batch_size, or set data.num_workers=0 to load in the training process.")
 
     def _receive(self, w: int, batch: int):
         reply = self._wait_reply(w)
@@ -226,11 +243,7 @@ class WorkerPool:
             for i, proc in enumerate(self.procs):
                 if proc.exitcode is not None or (i == w and conn in ready):
                     proc.join(timeout=_POLL_S)
-                    self.close()
-                    raise DataError(
-                        f"data loader worker {i} (pid {proc.pid}) {_describe_exit(proc)} while "
-                        f"preparing batches; the run cannot go on. Lower data.num_workers or "
-                        f"batch_size, or set data.num_workers=0 to load in the training process.")
+                    self._worker_died(i, proc)
 
     def _drain(self):
         """Collect (and drop) the replies of an iteration the consumer stopped early."""

@@ -1,24 +1,29 @@
-"""python -m basebn.deploy CONFIG.py|zoo:NAME [-w WEIGHTS] [--ema] --format mge|onnx -o OUT [--input-size S]
-       [--verify] [--threads N] [KEY=VALUE ...]
+"""python -m basebn.deploy CONFIG.py|zoo:NAME [-w WEIGHTS] [--ema] --format mge|onnx -o OUT [--force]
+       [--input-size S] [--verify] [--threads N] [KEY=VALUE ...]
 
 Builds the model and weights as basebn.test does, exports it (prepare_for_export, then a .mge graph or
 ONNX) for images shaped like the config's test set (or S x S), and with --verify runs the file on a
-batch of test images and fails above a max abs difference of 1e-4 to the eager model.
+batch of test images and fails when the max abs difference to the eager model exceeds 1e-4 times
+max(1, the largest |eager logit|). An existing OUT is replaced only with --force, and only by a file that
+was written completely (and verified, with --verify); it keeps its permission bits.
 """
 import argparse
 import os
+import shutil
+import stat
 import sys
+import tempfile
 
 import numpy as np
 from loguru import logger
 
 from ..cli import cli_main
-from ..engine.build import load_trained, resolve_config
+from ..engine.build import check_input_size, load_trained, resolve_config
 from ..engine.logging import setup_logging
 from .errors import ExportError
 from .mge_export import export_mge
 from .onnx_export import export_onnx
-from .runtime import max_abs_difference
+from .runtime import compare_with_eager
 
 __all__ = ["FORMATS", "VERIFY_TOLERANCE", "verify_batch", "main"]
 
@@ -44,6 +49,7 @@ def _parse(argv):
     p.add_argument("--ema", action="store_true", help="export the EMA weights")
     p.add_argument("--format", required=True, choices=sorted(FORMATS), help="mge (MegEngine Lite) or onnx")
     p.add_argument("-o", "--output", required=True, help="file to write (.mge or .onnx)")
+    p.add_argument("--force", action="store_true", help="replace OUT when it exists")
     p.add_argument("--input-size", type=int, help="square image size to export for (default: the test set's)")
     p.add_argument("--verify", action="store_true", help="run the file and compare it with the eager model")
     p.add_argument("--threads", type=int, help="runtime threads for --verify (default: the runtime's own)")
@@ -56,6 +62,33 @@ def _check_args(args):
         raise ExportError(f"--format {args.format} writes a {ext} file: name the output {args.output!r} ...{ext}")
     if args.input_size is not None and args.input_size < 1:
         raise ExportError(f"--input-size must be a positive number of pixels, got {args.input_size}")
+    if args.threads is not None and args.threads < 1:
+        raise ExportError(f"--threads must be at least 1, got {args.threads}")
+    if os.path.isdir(args.output):
+        raise ExportError(f"-o {args.output!r} is a directory; name the file to write")
+    if os.path.lexists(args.output) and not args.force:
+        raise ExportError(f"-o {args.output!r} exists; pass --force to replace it, or give another -o")
+
+
+def _verify(model, path, loader, input_shape, threads):
+    """Raise ExportError unless the file at `path` gives the eager model's logits within the relative bound."""
+    images = verify_batch(loader, input_shape)
+    diff, scale = compare_with_eager(model, path, images, threads=threads)
+    bound = VERIFY_TOLERANCE * scale
+    if not diff <= bound:
+        raise ExportError(f"verification failed: max abs difference {diff:.3g} > {bound:.3g} ({VERIFY_TOLERANCE:g} x "
+                          f"largest |logit| {scale:.3g}) between the exported file and the eager model "
+                          f"({len(images)} images); nothing was written")
+    logger.info(f"verified: max abs difference {diff:.3g} <= {bound:.3g} ({VERIFY_TOLERANCE:g} x largest |logit| "
+                f"{scale:.3g}) on {len(images)} images")
+
+
+def _install(tmp_file, output):
+    """Move the finished `tmp_file` to `output`; a replaced file's permission bits are kept."""
+    mode = stat.S_IMODE(os.stat(output).st_mode) if os.path.isfile(output) else None
+    os.replace(tmp_file, output)
+    if mode is not None:
+        os.chmod(output, mode)
 
 
 @cli_main
@@ -69,18 +102,22 @@ def main(argv=None):
     c, h, w = ds.image_shape
     if args.input_size:
         h = w = args.input_size
-    traced = FORMATS[args.format](model, args.output, (2, c, h, w))
+        check_input_size(model, (c, h, w), cfg.model.name)
+    # written and verified beside OUT, then moved over it: a failed export or verification leaves OUT as it was
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    os.makedirs(out_dir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=".basebn-deploy-", dir=out_dir)
+    try:
+        tmp_file = os.path.join(work, os.path.basename(args.output))
+        traced = FORMATS[args.format](model, tmp_file, (2, c, h, w))
+        if args.verify:
+            _verify(model, tmp_file, loader, (c, h, w), args.threads)
+        _install(tmp_file, args.output)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     size = "free" if traced.spatial_free else f"{h}x{w}"
     logger.info(f"wrote {args.output} ({os.path.getsize(args.output) / 1e6:.1f} MB): input data (batch, {c}, "
                 f"{h}, {w}), image size {size}, output logits")
-    if args.verify:
-        images = verify_batch(loader, (c, h, w))
-        diff = max_abs_difference(model, args.output, images, threads=args.threads)
-        if not diff <= VERIFY_TOLERANCE:
-            os.remove(args.output)
-            raise ExportError(f"verification failed: max abs difference {diff:.3g} > {VERIFY_TOLERANCE:g} between "
-                              f"{args.output} and the eager model ({len(images)} images); the file was removed")
-        logger.info(f"verified: max abs difference {diff:.3g} <= {VERIFY_TOLERANCE:g} on {len(images)} images")
     return 0
 
 

@@ -2,13 +2,17 @@
 
 SyncBN becomes plain BN, RepVGG blocks are reparameterized, each conv -> BN pair is fused into the
 conv (weight and bias), and a BN that follows no conv (pre-activation ResNets) becomes a
-:class:`ChannelAffine` ``x * s + t``. The result traces to a graph of stock MegEngine ops.
+:class:`ChannelAffine` ``x * s + t``. GroupNorm (``model.norm=GN``) and InstanceNorm become
+:class:`GroupNormOps`, the same function written as reshape / mean / sqrt / elementwise ops (MegEngine's
+own GroupNorm operator cannot be dumped for inference in 1.13). The result traces to a graph of stock
+MegEngine ops.
 """
 import copy
 
 import numpy as np
 
 import megengine as mge
+import megengine.functional as F
 import megengine.module as M
 
 from ..layers import disable_efficient_conv_bn_eval, fuse_conv_bn, revert_sync_batchnorm
@@ -17,7 +21,7 @@ from ..layers.norm import has_running_stats, is_bn, is_frozen_bn
 from ..models import reparameterize
 from .errors import ExportError
 
-__all__ = ["ChannelAffine", "prepare_for_export", "bn_scale_shift"]
+__all__ = ["ChannelAffine", "GroupNormOps", "prepare_for_export", "bn_scale_shift"]
 
 
 def bn_scale_shift(bn):
@@ -46,6 +50,39 @@ class ChannelAffine(M.Module):
         return x * self.scale.reshape(shape) + self.shift.reshape(shape)
 
 
+class GroupNormOps(M.Module):
+    """GroupNorm from primitive ops: per sample, the channels in `groups` groups are normalised over the
+    group's channels and pixels (mean, biased variance), then ``* weight + bias`` per channel."""
+
+    def __init__(self, groups, weight, bias, eps, name=None):
+        super().__init__(name=name)
+        self.groups, self.eps = int(groups), float(eps)
+        self.weight = None if weight is None else mge.Tensor(np.asarray(weight, np.float32).reshape(1, -1, 1, 1))
+        self.bias = None if bias is None else mge.Tensor(np.asarray(bias, np.float32).reshape(1, -1, 1, 1))
+
+    @classmethod
+    def from_module(cls, m):
+        """The GroupNormOps computing eval-mode `m` (a megengine GroupNorm or InstanceNorm)."""
+        groups = m.num_groups if isinstance(m, M.GroupNorm) else m.num_channels
+        affine = m.affine and m.weight is not None
+        return cls(groups, m.weight.numpy() if affine else None, m.bias.numpy() if affine else None, m.eps,
+                   name=m.name)
+
+    def forward(self, x):
+        shape = x.shape
+        g = x.reshape(shape[0], self.groups, -1)
+        centred = g - g.mean(axis=2, keepdims=True)
+        var = (centred * centred).mean(axis=2, keepdims=True)
+        y = (centred / F.sqrt(var + self.eps)).reshape(shape)
+        if self.weight is not None:
+            y = y * self.weight + self.bias
+        return y
+
+
+def _group_norm_ops(m):
+    return GroupNormOps.from_module(m) if isinstance(m, (M.GroupNorm, M.InstanceNorm)) else None
+
+
 def _affine_for(name_of):
     def convert(m):
         if not is_bn(m):
@@ -72,5 +109,6 @@ def prepare_for_export(model, example_input):
     fused = fuse_conv_bn(model, example_input=example_input)
     names = {id(m): n for n, m in fused.named_modules()}
     fused = replace_modules(fused, _affine_for(names))
+    fused = replace_modules(fused, _group_norm_ops)
     fused.eval()
     return fused

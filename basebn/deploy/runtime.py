@@ -12,9 +12,10 @@ import megengine as mge
 from megengine.utils.comp_graph_tools import GraphInference
 
 from .errors import DEPLOY_EXTRA_HINT, ExportError
-from .graph import INPUT_NAME, OUTPUT_NAME
+from .graph import INPUT_NAME, OUTPUT_NAME, load_network
 
-__all__ = ["BACKENDS", "ExportedModel", "load_exported", "run_exported", "eager_logits", "max_abs_difference"]
+__all__ = ["BACKENDS", "ExportedModel", "load_exported", "run_exported", "eager_logits", "max_abs_difference",
+           "reference_scale", "compare_with_eager"]
 
 BACKENDS = {"lite": ".mge", "megengine": ".mge", "onnxruntime": ".onnx"}  # backend -> file extension
 
@@ -28,7 +29,11 @@ def _default_backend(path):
 
 
 class ExportedModel:
-    """A loaded exported file: call it on a float32 (N, C, H, W) array to get the logits (numpy)."""
+    """A loaded exported file: call it on a float32 (N, C, H, W) array to get the logits (numpy).
+
+    `input_shape` / `output_shape`: the file's declared (N, C, H, W) / (N, classes), None for a free dimension
+    (ONNX) or the shape it was traced at (.mge graphs; their batch size is free all the same).
+    """
 
     def __init__(self, path, backend=None, threads=None):
         if not os.path.isfile(path):
@@ -38,7 +43,29 @@ class ExportedModel:
             raise ExportError(f"unknown backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
         if not path.lower().endswith(BACKENDS[self.backend]):
             raise ExportError(f"backend {self.backend} runs {BACKENDS[self.backend]} files, not {path!r}")
+        self.input_shape = self.output_shape = None
         self._run = getattr(self, f"_load_{self.backend}")()
+        if self.input_shape is None:  # a .mge graph: the shapes of its input and output vars
+            with open(path, "rb") as f:
+                network = load_network(f.read())
+            self.input_shape = tuple(network.input_vars[0].shape)
+            self.output_shape = tuple(network.output_vars[0].shape)
+
+    def check_data(self, image_shape, num_classes):
+        """ExportError, before anything runs, when the file takes images of another channel count (or of another
+        fixed size) than `image_shape` (C, H, W), or gives another number of classes than `num_classes`."""
+        want_c, got_c = image_shape[0], self.input_shape[1]
+        if got_c is not None and got_c != want_c:
+            raise ExportError(f"{self.path} takes {got_c}-channel images, the test data has {want_c} channel(s): "
+                              f"evaluate it on the data it was exported for (or export the model again)")
+        fixed = [(got, want) for got, want in zip(self.input_shape[2:], image_shape[1:]) if got is not None]
+        if self.backend == "onnxruntime" and any(got != want for got, want in fixed):
+            raise ExportError(f"{self.path} takes {self.input_shape[2]}x{self.input_shape[3]} images, the test data "
+                              f"is {image_shape[1]}x{image_shape[2]}: export it with --input-size or resize the data")
+        got_k = self.output_shape[-1]
+        if got_k is not None and got_k != num_classes:
+            raise ExportError(f"{self.path} gives {got_k} class scores, the config has num_classes={num_classes}: "
+                              f"evaluate it with the config it was trained with")
 
     def __call__(self, images):
         return self._run(np.ascontiguousarray(images, dtype=np.float32))
@@ -74,6 +101,8 @@ class ExportedModel:
         options.inter_op_num_threads = 1
         options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
         session = onnxruntime.InferenceSession(self.path, options, providers=["CPUExecutionProvider"])
+        self.input_shape, self.output_shape = (tuple(d if isinstance(d, int) else None for d in io.shape)
+                                               for io in (session.get_inputs()[0], session.get_outputs()[0]))
         return lambda images: session.run([OUTPUT_NAME], {INPUT_NAME: images})[0]
 
 
@@ -100,8 +129,21 @@ def eager_logits(model, images):
 
 def max_abs_difference(model, path, images, threads=None, backend=None):
     """max |eager eval logits - exported file's logits| on `images`."""
+    return compare_with_eager(model, path, images, threads=threads, backend=backend)[0]
+
+
+def reference_scale(reference):
+    """max(1, max |reference|): what a tolerance is multiplied by, so that a bound on float32 rounding holds for
+    logits of any magnitude (an absolute 1e-4 is below one float32 step for values above ~1e3)."""
+    reference = np.asarray(reference, np.float64)
+    return max(1.0, float(np.max(np.abs(reference)))) if reference.size else 1.0
+
+
+def compare_with_eager(model, path, images, threads=None, backend=None):
+    """(max |eager logits - exported logits|, reference_scale(eager logits)) on `images`: --verify passes when
+    the first is at most its tolerance times the second."""
     expected = eager_logits(model, images)
     got = run_exported(path, images, threads=threads, backend=backend)
     if got.shape != expected.shape:
         raise ExportError(f"{path}: logits of shape {got.shape}, the eager model gives {expected.shape}")
-    return float(np.max(np.abs(got.astype(np.float64) - expected)))
+    return float(np.max(np.abs(got.astype(np.float64) - expected))), reference_scale(expected)

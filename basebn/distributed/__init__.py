@@ -17,6 +17,7 @@ import megengine.distributed as mdist
 from .local import LocalBackend
 from .mpi import MPIBackend
 from .nccl import NCCLBackend
+from .shm_files import unlink_mapped_shm_files
 
 __all__ = [
     "init",
@@ -122,6 +123,7 @@ def abort_job(code):
     if mpi_world_size_from_env() > 1:
         from mpi4py import MPI  # optional dependency, present whenever an MPI launch reached here
 
+        unlink_mapped_shm_files()  # MPI_Abort ends the ranks before MPI_Finalize would remove them
         MPI.COMM_WORLD.Abort(code)
     os._exit(code)
 

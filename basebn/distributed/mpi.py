@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 from ._common import from_numpy, to_numpy
+from .shm_files import MAPPED_AT_INIT, unlink_mapped_shm_files
 
 # dtypes MPI can sum natively; others (float16, bool) are summed in numpy after an all-gather
 _NATIVE_SUM = {np.dtype(t) for t in (
@@ -31,6 +32,7 @@ def _abort_on_uncaught_exception(comm):
     def hook(kind, value, tb):
         previous(kind, value, tb)
         sys.stderr.flush()
+        unlink_mapped_shm_files()
         comm.Abort(1)
 
     sys.excepthook = hook
@@ -48,6 +50,8 @@ class MPIBackend:
         self.rank = self.comm.Get_rank()
         self.world_size = self.comm.Get_size()
         _abort_on_uncaught_exception(self.comm)
+        self.comm.Barrier()  # every rank is past MPI_Init: MPICH's /dev/shm file is mapped on each
+        unlink_mapped_shm_files(MAPPED_AT_INIT)  # so no ending (abort, signal, crash) leaves it behind
 
     def _c(self, group):
         return self.comm if group is None else group

@@ -1,14 +1,32 @@
-"""Config -> objects: datasets, loaders, model, a zoo entry's config; shared by the train and test CLIs."""
+"""Config -> objects, the one assembly point: datasets, loaders, model, grad scaler, EMA, trainer, a zoo entry's
+config; shared by the train and test CLIs. Every config -> feature switch of a run is here (and in
+hooks.default_hooks for the hooks): the objects built get plain arguments and read no config.
+"""
+import math
+from functools import partial
+
 import numpy as np
+
+import megengine as mge
+import megengine.optimizer as optim
+from loguru import logger
+from megengine.autodiff import GradManager
 
 from .. import distributed as dist
 from ..config import ConfigError, load_config
-from ..data import build_dataset, build_loader, validate_dataset
-from ..models import build_model, load_weights, model_info
+from ..data import DataError, build_dataset, build_loader, validate_dataset
+from ..layers import enable_efficient_conv_bn_eval
+from ..layers.kernel_autocheck import ensure_kernels_checked
+from ..models import RESNET_FAMILIES, ZERO_INIT_FAMILIES, build_model, load_weights, model_info
 from ..models.weights import zoo_name
 from ..zoo import zoo_config_source
+from .ema import ModelEMA, pycls_momentum
+from .losses import build_loss
+from .trainer import ClsTrainer
 
-__all__ = ["build_data", "build_model_from_cfg", "example_input", "zoo_config", "resolve_config", "load_trained"]
+__all__ = ["build_data", "build_train_data", "build_precise_bn_loader", "build_model_from_cfg", "build_train_model",
+           "scaled_base_lr", "build_grad_scaler", "build_ema", "build_grad_clip", "build_trainer", "example_input",
+           "zoo_config", "resolve_config", "load_trained", "check_input_size"]
 
 
 def zoo_config(name, overrides=()):
@@ -27,25 +45,108 @@ def build_data(cfg, train=True):
     return ds, loader
 
 
-# families built by basebn's ResNet class, the only ones that take model.stem/stem_stride/base_width
-_RESNET_FAMILIES = ("resnet", "cifar_resnet")
+def build_train_data(cfg):
+    """(dataset, loader) of the training split; a split too small for one full batch is a DataError."""
+    ds, loader = build_data(cfg, train=True)
+    if len(loader) == 0:
+        raise DataError(f"no full batch: {len(ds)} training samples over {dist.get_world_size()} process(es) "
+                        f"with batch_size={cfg.batch_size}; lower batch_size")
+    return ds, loader
+
+
+def build_precise_bn_loader(cfg):
+    """The precise-BN loader (training split, augmentation, seed + 1), or None when precise BN is off:
+    bn.precise_every_n_epoch inf, or bn.norm_eval (fine-tuning keeps the BN statistics it started from)."""
+    if cfg.bn.precise_every_n_epoch == math.inf:
+        return None
+    if cfg.bn.norm_eval:
+        logger.info("precise BN off: bn.norm_eval keeps BN statistics frozen")
+        return None
+    return build_data(cfg.clone().merge({"seed": cfg.seed + 1}), train=True)[1]
 
 
 def build_model_from_cfg(cfg, in_channels):
     """The model cfg.model names, with the BN settings of cfg.bn, for images of `in_channels` channels.
 
-    bn.momentum/bn.eps None keep the family's own defaults (e.g. EfficientNet's); the stem and width keys
-    apply to basebn's ResNets only.
+    bn.momentum/bn.eps None reach the constructor, whose norm_factory fills in the family's defaults (e.g.
+    EfficientNet's). The stem and width keys go to basebn's ResNets only, zero_init_residual (None: the
+    family's default) to the families whose blocks end in a norm; config/checks.py refuses them elsewhere.
     """
     kw = dict(num_classes=cfg.num_classes, in_channels=in_channels, norm=cfg.model.norm,
               bn_momentum=cfg.bn.momentum, bn_eps=cfg.bn.eps)
-    if model_info(cfg.model.name)["family"] in _RESNET_FAMILIES:
-        kw.update(stem=cfg.model.stem, zero_init_residual=cfg.model.zero_init_residual)
-        if cfg.model.stem == "small":
-            kw["stem_stride"] = cfg.model.stem_stride
+    family = model_info(cfg.model.name)["family"]
+    if family in RESNET_FAMILIES:
+        kw.update(stem=cfg.model.stem, stem_stride=cfg.model.stem_stride)
         if cfg.model.base_width is not None:
             kw["base_width"] = cfg.model.base_width
+    if family in ZERO_INIT_FAMILIES and cfg.model.zero_init_residual is not None:
+        kw["zero_init_residual"] = cfg.model.zero_init_residual
+    ensure_kernels_checked()  # the kernels' quick self-check (cached); a family that disagrees falls back
     return build_model(cfg.model.name, **kw)
+
+
+def build_train_model(cfg, dataset):
+    """The model to train on `dataset`: built, model.weights loaded (a new head allowed), the same on every
+    rank, efficient conv-BN eval when bn.efficient_conv_bn_eval."""
+    model = build_model_from_cfg(cfg, in_channels=dataset.image_shape[0])
+    check_input_size(model, dataset.image_shape, cfg.model.name)
+    if cfg.model.weights:
+        load_weights(model, cfg.model.weights, allow_new_head=True)
+    if dist.get_world_size() > 1:  # rank 0's initialisation everywhere
+        for p in list(model.parameters()) + list(model.buffers()):
+            p._reset(dist.broadcast(p, src=0))
+    if cfg.bn.efficient_conv_bn_eval:
+        enable_efficient_conv_bn_eval(model, example_input=mge.tensor(example_input(dataset)))
+    return model
+
+
+def scaled_base_lr(cfg):
+    """solver.basic_lr * world size: the linear scaling rule, as basecls."""
+    return cfg.solver.basic_lr * dist.get_world_size()
+
+
+def build_grad_scaler(cfg):
+    """megengine.amp.GradScaler for amp.enabled (dynamic or fixed scale), else None. Without a GPU amp is
+    turned off in `cfg` (config.json then records the float32 run) with a warning."""
+    if not cfg.amp.enabled:
+        return None
+    if not mge.is_cuda_available():
+        logger.warning("amp.enabled needs a GPU; training in float32 on the CPU")
+        cfg.amp.enabled = False
+        return None
+    dynamic = cfg.amp.dynamic_scale
+    return mge.amp.GradScaler(init_scale=65536.0 if dynamic else 128.0, growth_interval=2000 if dynamic else 0)
+
+
+def build_ema(cfg, model):
+    """ModelEMA of `model` for model_ema.enabled, else None. Momentum: model_ema.momentum, or from
+    model_ema.alpha by pycls's rule over the total batch size, the epochs and the update period."""
+    c = cfg.model_ema
+    if not c.enabled:
+        return None
+    momentum = c.momentum if c.alpha is None else pycls_momentum(
+        c.alpha, cfg.batch_size * dist.get_world_size(), cfg.solver.max_epoch, c.update_period)
+    logger.info(f"model EMA momentum {momentum:.6f}, update every {c.update_period} iteration(s)")
+    return ModelEMA(model, momentum=momentum, copy_buffers=c.copy_buffers)
+
+
+def build_grad_clip(clip):
+    """``params -> None`` clipping gradients as the solver.grad_clip section `clip` says, or None (off)."""
+    if clip.name == "norm":
+        return partial(optim.clip_grad_norm, max_norm=clip.max_norm)
+    if clip.name == "value":
+        return partial(optim.clip_grad_value, lower=clip.lower, upper=clip.upper)
+    return None
+
+
+def build_trainer(cfg, model, train_loader, optimizer, hooks=(), ema=None, grad_scaler=None, record=None):
+    """ClsTrainer for `model` (a GradManager attached to its parameters) with cfg's loss, AMP (on when
+    `grad_scaler` is given), accumulation, clipping, trace and bn.norm_eval; cfg is recorded in checkpoints."""
+    return ClsTrainer(model, train_loader, optimizer, GradManager().attach(model.parameters()), build_loss(cfg),
+                      hooks=list(hooks), ema=ema, grad_scaler=grad_scaler, record=record,
+                      amp=grad_scaler is not None, accumulation_steps=cfg.solver.accumulation_steps,
+                      clip_grads=build_grad_clip(cfg.solver.grad_clip), trace=cfg.trace, norm_eval=cfg.bn.norm_eval,
+                      config=cfg)
 
 
 def example_input(dataset):
@@ -68,5 +169,34 @@ def load_trained(cfg, weights, ema=False):
     dist.init("auto")
     ds, loader = build_data(cfg, train=False)
     model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
+    check_input_size(model, ds.image_shape, cfg.model.name)
     load_weights(model, weights, ema=ema)
     return model, ds, loader
+
+
+def _forward_error(model, image_shape):
+    """None when `model` (eval mode, flags restored) runs on two zero images of `image_shape`, else the error."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        model(mge.tensor(np.zeros((2, *image_shape), np.float32))).numpy()
+        return None
+    except (RuntimeError, ValueError, AssertionError, IndexError) as exc:  # MegEngine's shape checks, model code
+        return exc
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def check_input_size(model, image_shape, name):
+    """ConfigError naming the size when `model` cannot run on images of `image_shape` (C, H, W) but runs on
+    224 x 224 ones (a VGG or HRNet on 28 px images); any other failure is raised as it is."""
+    error = _forward_error(model, image_shape)
+    if error is None:
+        return
+    c, h, w = image_shape
+    if _forward_error(model, (c, 224, 224)) is not None:
+        raise error
+    reason = str(error).strip().splitlines()[0][:200]
+    raise ConfigError(f"model {name} cannot run on {h}x{w} images ({reason}); give it larger images "
+                      f"(data.image_size, e.g. 224; or --input-size for basebn.deploy) or choose another model")

@@ -2,9 +2,10 @@
 
 ``ModelEMA(model, momentum)`` keeps ``ema.module``, an eval-mode copy, and ``ema.update(model)`` does
 ``e = m * e + (1 - m) * p`` for every parameter and floating-point buffer in ONE flat buffer (a few ops
-whatever the model size). The module's tensors are refreshed from it lazily when ``ema.module`` is read:
-read ``ema.module`` again after updates rather than keeping an older reference. Design notes:
-docs/bn_design.md, "Model EMA".
+whatever the model size). The module's tensors are refreshed from it lazily, when ``ema.module`` is
+read (an eager refresh costs 2-5% of a ResNet-20 CPU step, benchmarks/bench_ema.py); who holds the
+values is a two-state table in :class:`ModelEMA`. Read ``ema.module`` again after updates rather than
+keeping an older reference. Design notes: docs/bn_design.md, "Model EMA".
 """
 import copy
 import weakref
@@ -63,6 +64,9 @@ def _named_tensors(module):
     return out
 
 
+_FLAT, _MODULE = "flat", "module"  # who holds the current averaged values (see ModelEMA)
+
+
 class ModelEMA:
     """Exponential moving average of a model's parameters and buffers (see module doc).
 
@@ -73,6 +77,21 @@ class ModelEMA:
 
     Attributes: ``module`` (the averaged model, eval mode), ``momentum``, ``updates`` (number of
     averaging updates so far; copies do not count), ``copy_buffers``.
+
+    The current values live in one of two places (``_holder``); two methods move them:
+
+    ===========  ==========================================  =================================
+    ``_holder``  the current values are in                   entered by
+    ===========  ==========================================  =================================
+    "module"     ``module``'s tensors (the caller may have   ``__init__``, reading ``module``
+                 changed them since: precise BN, loading)    (:meth:`_hand_to_module`)
+    "flat"       the flat buffer ``_flat``; ``module``'s     ``update``, ``copy_from``
+                 tensors are stale                           (:meth:`_take_from_module` first)
+    ===========  ==========================================  =================================
+
+    Reading ``module`` (``state_dict`` and ``load_state_dict`` read it too) hands the values to the
+    module, since whoever reads it may change it; the next ``update`` takes them back. So read
+    ``ema.module`` again after updates rather than keeping a reference from before.
     """
 
     def __init__(self, model, momentum=0.9999, *, copy_buffers=False):
@@ -92,20 +111,40 @@ class ModelEMA:
         averaged = [id(tensors[n]) in params or not self.copy_buffers for n in self._float_names]
         self._all_averaged = all(averaged)
         self._mask = np.repeat(np.asarray(averaged, dtype=np.float32), self._sizes)
-        self._mvec = None  # (momentum, per-element momentum tensor) when some values are copied
-        self._own = None  # the EMA module's tensors, in _float_names order (set by _bind_own)
+        self._mvec = None  # (momentum, per-element momentum tensors) when some values are copied
         self._src = None  # (weakref to the last model, its tensors in _float_names order, its int tensors)
-        self._bind_own()
-        self._flat = self._gather(self._own)
-        self._holder = "flat"  # who holds the current values: "flat" buffer or the "module"
-        self._fresh = True  # the module's tensors equal the flat buffer
+        self._holder = _MODULE  # the copy holds the values; the first update gathers them
+        self._flat = None  # the values while _holder is "flat"
+        self._own = self._own_int = None  # the module's tensors, bound by _take_from_module
 
-    # -- plumbing --------------------------------------------------------------------------------
-    def _bind_own(self):
+    # -- who holds the values ----------------------------------------------------------------------
+    def _take_from_module(self):
+        """From "module" to "flat": gather the module's tensors (re-bound by name: they may have been replaced,
+        not just refilled) into the flat buffer. Nothing to do when the flat buffer holds them."""
+        if self._holder == _FLAT:
+            return
         tensors = dict(_named_tensors(self._module))
         self._own = [tensors[n] for n in self._float_names]
         self._own_int = [tensors[n] for n in self._int_names]
+        self._flat = self._gather(self._own)
+        self._holder = _FLAT
 
+    def _hand_to_module(self):
+        """From "flat" to "module": write the flat buffer into the module's tensors (one split, one reshape
+        per tensor). Nothing to do when the module holds the values."""
+        if self._holder == _MODULE:
+            return
+        if len(self._own) > 1:
+            pieces = F.split(self._flat, list(np.cumsum(self._sizes)[:-1]))
+        else:  # (F.split needs two pieces at least)
+            pieces = [self._flat] * len(self._own)
+        for t, piece, shape, dtype in zip(self._own, pieces, self._shapes, self._dtypes):
+            value = piece.reshape(shape)
+            t._reset(value if dtype == np.float32 else value.astype(dtype))
+        self._flat = None
+        self._holder = _MODULE
+
+    # -- plumbing --------------------------------------------------------------------------------
     def _gather(self, tensors):
         """One flat float32 tensor of ``tensors`` (one concat; casts only where needed)."""
         parts = [(t if t.dtype == np.float32 else t.astype("float32")).reshape(-1) for t in tensors]
@@ -128,11 +167,7 @@ class ModelEMA:
             if tuple(t.shape) != shape:
                 raise ValueError(f"ModelEMA: {n} has shape {tuple(t.shape)} in the model, {shape} in the EMA")
         ints = [tensors[n] for n in self._int_names]
-        try:
-            ref = weakref.ref(model)
-        except TypeError:  # pragma: no cover - every Module supports weak references
-            return floats, ints
-        self._src = (ref, floats, ints)
+        self._src = (weakref.ref(model), floats, ints)
         return floats, ints
 
     def _momentum_vectors(self, m):
@@ -148,33 +183,12 @@ class ModelEMA:
         for own, src in zip(self._own_int, ints):
             own._reset(F.copy(src.detach()))  # a copy: the model may change its tensor in place
 
-    def _take_back(self):
-        """Values held by the module (it may have been changed): re-read them into the flat buffer."""
-        if self._holder == "module":
-            self._bind_own()  # the module's tensors may have been replaced, not just refilled
-            self._flat = self._gather(self._own)
-            self._holder = "flat"
-            self._fresh = True
-
-    def _write_module(self):
-        """Refresh the module's tensors from the flat buffer: one split, one reshape per tensor."""
-        if self._holder != "flat" or self._fresh or not self._own:
-            return
-        if len(self._own) == 1:
-            pieces = [self._flat]
-        else:
-            pieces = F.split(self._flat, list(np.cumsum(self._sizes)[:-1]))
-        for t, piece, shape, dtype in zip(self._own, pieces, self._shapes, self._dtypes):
-            value = piece.reshape(shape)
-            t._reset(value if dtype == np.float32 else value.astype(dtype))
-        self._fresh = True
-
     # -- public API ------------------------------------------------------------------------------
     def update(self, model, momentum=None):
         """``e = m * e + (1 - m) * p`` for every parameter and float buffer of ``model``
         (buffers copied with ``copy_buffers``; integer buffers always copied)."""
         m = self.momentum if momentum is None else float(momentum)
-        self._take_back()
+        self._take_from_module()
         floats, ints = self._model_tensors(model)
         new = self._gather(floats)
         if self._all_averaged and len(self._float_names) > 1:
@@ -188,36 +202,31 @@ class ModelEMA:
             self._flat = (self._flat * keep + new * take).detach()
         self._copy_ints(ints)
         self.updates += 1
-        self._holder, self._fresh = "flat", False
 
     def copy_from(self, model):
         """Make the EMA an exact copy of ``model``'s parameters and buffers (used before start_epoch)."""
-        self._take_back()
+        self._take_from_module()
         floats, ints = self._model_tensors(model)
         self._flat = self._gather(floats)
         self._copy_ints(ints)
-        self._holder, self._fresh = "flat", False
 
     @property
     def module(self):
-        """The averaged model (eval mode), with current values. Read it again after updates."""
-        self._write_module()
-        self._holder = "module"  # the caller may change it: the next update re-reads it
+        """The averaged model (eval mode), with current values; it now holds them, so changes to it are
+        kept (the next update starts from them). Read it again after updates."""
+        self._hand_to_module()
         return self._module
 
     def state_dict(self):
         """``{"module": {name: numpy array}, "momentum": float, "updates": int}``."""
-        self._write_module()  # reading only: the flat buffer stays the holder
-        return {"module": {k: np.asarray(v) for k, v in self._module.state_dict().items()},
+        return {"module": {k: np.asarray(v) for k, v in self.module.state_dict().items()},
                 "momentum": self.momentum, "updates": int(self.updates)}
 
     def load_state_dict(self, state):
         """Load a :meth:`state_dict` (or a bare module state dict: only the weights are loaded)."""
         if "module" in state and isinstance(state["module"], dict):
-            self._module.load_state_dict(state["module"])
+            self.module.load_state_dict(state["module"])
             self.momentum = float(state.get("momentum", self.momentum))
             self.updates = int(state.get("updates", self.updates))
         else:
-            self._module.load_state_dict(state)
-        self._holder = "module"
-        self._take_back()
+            self.module.load_state_dict(state)

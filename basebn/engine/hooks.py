@@ -1,4 +1,21 @@
-"""Thin hooks on basecore's BaseHook. Each calls a plain function that also works without the trainer."""
+"""Thin hooks on basecore's BaseHook. Each calls a plain function that also works without the trainer.
+
+A hook gets its settings and shared objects (loaders, the run directory, the RunRecord) as constructor
+arguments and reads only the trainer's live state (model, EMA, optimizer, progress, meter) at run time.
+Each hook class has a ``priority``; ClsTrainer runs hooks in ascending priority, so the order of the list
+given to it does not matter:
+
+=========  ===================  ==========================================================
+priority   hook                 why there
+=========  ===================  ==========================================================
+10         LRScheduleHook       before_iter: the lr is set before the step
+20         EMAHook              after_iter: averages the weights the step produced
+30         LoggerHook           after_iter: reads the trainer's meter only
+40         PreciseBNHook        after_epoch: BN statistics before they are evaluated or saved
+50         EvalHook             after_epoch: reports this epoch's metrics to the RunRecord
+60         CheckpointHook       after_epoch: saves what precise BN and evaluation left
+=========  ===================  ==========================================================
+"""
 import math
 import time
 
@@ -13,7 +30,7 @@ from .ema import ema_should_update
 from .evaluate import evaluate
 from .lr_schedule import lr_at
 from .metrics_log import append_metrics, metrics_path
-from .state import capture_training_state
+from .training_state import capture_training_state
 
 __all__ = ["LRScheduleHook", "EMAHook", "LoggerHook", "PreciseBNHook", "EvalHook", "CheckpointHook",
            "default_hooks", "every_n_epochs"]
@@ -27,24 +44,33 @@ def every_n_epochs(epoch, max_epoch, n):
 
 
 class LRScheduleHook(BaseHook):
-    """Sets the lr of every param group before each iteration (per-iteration schedule with warm-up)."""
+    """Sets the lr of every param group before each iteration (per-iteration schedule with warm-up, from the
+    `solver` config section: lr_schedule, warmup_*, lr_* keys, max_epoch)."""
 
-    def __init__(self, base_lr):
-        self.base_lr = base_lr
+    priority = 10
+
+    def __init__(self, base_lr, solver):
+        self.base_lr, self.solver = base_lr, solver
 
     def before_iter(self):
         t = self.trainer
-        lr = lr_at(t.global_iter, t.iters_per_epoch, t.cfg.solver, self.base_lr)
+        lr = lr_at(t.global_iter, t.iters_per_epoch, self.solver, self.base_lr)
         for group in t.optimizer.param_groups:
             group["lr"] = lr
 
 
 class EMAHook(BaseHook):
-    """Updates trainer.ema after each iteration: copies the model before start_epoch, then averages."""
+    """Updates trainer.ema after each iteration: copies the model before `start_epoch` (0-based), then
+    averages every `update_period` iterations (engine/ema.py's ema_should_update)."""
+
+    priority = 20
+
+    def __init__(self, start_epoch, update_period):
+        self.start_epoch, self.update_period = start_epoch, update_period
 
     def after_iter(self):
-        t, c = self.trainer, self.trainer.cfg.model_ema
-        action = ema_should_update(t.global_iter, t.progress.epoch - 1, c.start_epoch, c.update_period)
+        t = self.trainer
+        action = ema_should_update(t.global_iter, t.progress.epoch - 1, self.start_epoch, self.update_period)
         if action == "update":
             t.ema.update(t.model)
         elif action == "copy":
@@ -53,6 +79,8 @@ class EMAHook(BaseHook):
 
 class LoggerHook(BaseHook):
     """Logs iteration, loss, lr, batch top-1, data/step time, images/s and ETA every n iterations."""
+
+    priority = 30
 
     def __init__(self, every_n_iter):
         self.every = max(1, int(every_n_iter))
@@ -90,15 +118,14 @@ def _fmt_seconds(s):
 class PreciseBNHook(BaseHook):
     """Recomputes BN population statistics (model and EMA) before evaluation and checkpointing."""
 
+    priority = 40
+
     def __init__(self, loader, every_n_epoch, num_samples, method):
         self.loader, self.every, self.num_samples, self.method = loader, every_n_epoch, num_samples, method
 
     def after_epoch(self):
         t = self.trainer
         if self.every == math.inf or not every_n_epochs(t.progress.epoch, t.progress.max_epoch, self.every):
-            return
-        if t.cfg.bn.norm_eval:  # fine-tuning keeps the BN statistics it started from
-            logger.info("precise BN skipped: bn.norm_eval keeps BN statistics frozen")
             return
         self.loader.set_epoch(t.progress.epoch - 1)
         logger.info(f"precise BN ({self.method}) on {self.num_samples} samples after epoch {t.progress.epoch}")
@@ -108,22 +135,27 @@ class PreciseBNHook(BaseHook):
 
 
 class EvalHook(BaseHook):
-    """Evaluates model (and EMA) every n epochs and after the last; appends to metrics.jsonl on rank 0 (fsynced)."""
+    """Evaluates model (and EMA) every n epochs and after the last; reports the metrics (None in an epoch
+    without evaluation) to `record`; appends them to metrics.jsonl on rank 0 (fsynced)."""
 
-    def __init__(self, loader, every_n_epoch, run_dir):
-        self.loader, self.every, self.path = loader, every_n_epoch, metrics_path(run_dir)
+    priority = 50
+
+    def __init__(self, loader, every_n_epoch, run_dir, record):
+        self.loader, self.every, self.path, self.record = loader, every_n_epoch, metrics_path(run_dir), record
 
     def after_epoch(self):
         t = self.trainer
         epoch = t.progress.epoch
         if not every_n_epochs(epoch, t.progress.max_epoch, self.every):
-            t.last_metrics = None
+            self.record.observe(epoch, None)
             return
+        if hasattr(self.loader, "set_epoch"):  # a data warning of this pass then names the epoch
+            self.loader.set_epoch(epoch - 1)
         m = {"epoch": epoch, **evaluate(t.model, self.loader, desc=f"eval epoch {epoch}")}
         if t.ema is not None:
             e = evaluate(t.ema.module, self.loader, desc=f"eval EMA epoch {epoch}")
             m.update({f"ema_{k}": v for k, v in e.items() if k != "images"})
-        t.last_metrics = m
+        self.record.observe(epoch, m)
         msg = f"epoch {epoch} eval: top1 {m['top1']:.2f} top5 {m['top5']:.2f} loss {m['loss']:.4f} ({m['images']} images)"
         if "ema_top1" in m:
             msg += f" | EMA top1 {m['ema_top1']:.2f} top5 {m['ema_top5']:.2f}"
@@ -133,22 +165,22 @@ class EvalHook(BaseHook):
 
 
 class CheckpointHook(BaseHook):
-    """Epoch end: best.npz (top-1 improved), epoch_N.npz (every n epochs), then latest.npz, the commit point
-    (see checkpoint/run_files.py for why this order); final.npz after the last epoch."""
+    """Epoch end: best.npz (`record` says this epoch is the best), epoch_N.npz (every n epochs), then
+    latest.npz, the commit point (see checkpoint/run_files.py for why this order); final.npz after the last
+    epoch. The payload is training_state's capture of the trainer (its RunRecord included)."""
 
-    def __init__(self, run_dir, every_n_epoch):
-        self.run_dir, self.every = run_dir, every_n_epoch
+    priority = 60
+
+    def __init__(self, run_dir, every_n_epoch, record):
+        self.run_dir, self.every, self.record = run_dir, every_n_epoch, record
 
     def after_epoch(self):
         t = self.trainer
-        m = t.last_metrics
-        improved = m is not None and (t.best_top1 is None or m["top1"] > t.best_top1)
-        if improved:
-            t.best_top1, t.best_epoch = m["top1"], t.progress.epoch
         if not dist.is_main_process():
             return
-        keep = self.every != math.inf and t.progress.epoch % int(self.every) == 0
-        write_epoch_end(self.run_dir, capture_training_state(t), best=improved, keep_epoch=keep)
+        epoch = t.progress.epoch
+        keep = self.every != math.inf and epoch % int(self.every) == 0
+        write_epoch_end(self.run_dir, capture_training_state(t), best=self.record.is_best(epoch), keep_epoch=keep)
 
     def after_train(self):
         t = self.trainer
@@ -157,15 +189,17 @@ class CheckpointHook(BaseHook):
             logger.info(f"final weights: {path}")
 
 
-def default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader):
-    """The hook order matters: lr before the step; EMA after it; precise BN before eval; eval before checkpoints."""
-    hooks = [LRScheduleHook(base_lr)]
+def default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader, record):
+    """The hooks cfg asks for (the one config -> hook switch): lr schedule, EMA (model_ema.enabled), logger,
+    precise BN (when `precise_loader` is not None: engine/build.py's build_precise_bn_loader decides), eval
+    and checkpoints reporting to `record`. Any order works: ClsTrainer orders hooks by priority."""
+    hooks = [LRScheduleHook(base_lr, cfg.solver)]
     if cfg.model_ema.enabled:
-        hooks.append(EMAHook())
+        hooks.append(EMAHook(cfg.model_ema.start_epoch, cfg.model_ema.update_period))
     hooks.append(LoggerHook(cfg.log_every_n_iter))
-    if cfg.bn.precise_every_n_epoch != math.inf:
+    if precise_loader is not None:
         hooks.append(PreciseBNHook(precise_loader, cfg.bn.precise_every_n_epoch, cfg.bn.num_samples_precise,
                                    cfg.bn.precise_method))
-    hooks.append(EvalHook(test_loader, cfg.eval_every_n_epoch, run_dir))
-    hooks.append(CheckpointHook(run_dir, cfg.save_every_n_epoch))
+    hooks.append(EvalHook(test_loader, cfg.eval_every_n_epoch, run_dir, record))
+    hooks.append(CheckpointHook(run_dir, cfg.save_every_n_epoch, record))
     return hooks

@@ -26,7 +26,7 @@ class RunDirLock:
     def __init__(self, run_dir):
         self.path = os.path.join(run_dir, LOCK_NAME)
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask, as open() does
         except OSError as exc:
             raise RunDirError(f"cannot write in output_dir {run_dir!r} ({exc.strerror}); "
                               f"choose a writable output_dir") from None

@@ -1,75 +1,85 @@
 """ClsTrainer: one training iteration (forward, backward, gradient all-reduce, clip, step).
 
-Everything around the iteration (lr, EMA, logging, precise BN, evaluation, checkpoints) is a hook.
-Labels are int (B,) or soft targets (B, K) (Mixup/CutMix); the loss is losses.build_loss(cfg).
+Everything around the iteration (lr, EMA, logging, precise BN, evaluation, checkpoints) is a hook; hooks run
+in ascending ``priority`` whatever order they are given in. Labels are int (B,) or soft targets (B, K)
+(Mixup/CutMix). The trainer reads no config: engine/build.py's build_trainer turns the config into its
+arguments.
 """
 import math
 import time
 
 import megengine as mge
 import megengine.functional as F
-import megengine.optimizer as optim
 from basecore.engine import BaseTrainer
 from loguru import logger
-from megengine.jit import trace
+from megengine.jit import trace as jit_trace
 
 from .. import distributed as dist
 from ..layers.conv import fast_cpu_weight_grad
-from ..layers.norm import is_bn
-from .losses import build_loss
+from ..layers.norm import set_norm_eval
+from .run_record import RunRecord
 
-__all__ = ["ClsTrainer", "NonFiniteLossError", "set_norm_eval"]
+__all__ = ["ClsTrainer", "NonFiniteLossError", "DEFAULT_HOOK_PRIORITY", "hook_priority"]
 
 _DATA_WARN_AFTER = 5  # iterations measured before data time vs step time is judged
+DEFAULT_HOOK_PRIORITY = 50
 
 
 class NonFiniteLossError(FloatingPointError):
     """Loss became NaN/inf; the run stops before the optimizer step (no checkpoint is written after it)."""
 
 
-def set_norm_eval(model):
-    """Put every BN layer (``layers.norm.is_bn``) in eval mode (frozen statistics); the rest stays in train mode."""
-    for m in model.modules():
-        if is_bn(m):
-            m.eval()
+def hook_priority(hook):
+    """When `hook` runs among the trainer's hooks: its ``priority`` attribute (lower first), default 50."""
+    return getattr(hook, "priority", DEFAULT_HOOK_PRIORITY)
 
 
 class ClsTrainer(BaseTrainer):
     """Image-classification trainer.
 
-    Attributes beyond BaseTrainer's: cfg, optimizer, grad_manager, ema (ModelEMA or None),
-    meter (values of the last iteration for the logger), iters_per_epoch, and the run's evaluation state:
-    last_metrics (the last evaluation's dict, None in an epoch without one), best_top1 and best_epoch.
-    Checkpoints capture and restore all of it in engine/state.py.
+    Arguments beyond BaseTrainer's: optimizer, grad_manager, loss_fn ``(logits, labels) -> loss``, ema
+    (ModelEMA or None), grad_scaler (or None), record (the run's RunRecord; a fresh one by default), amp
+    (autocast the forward), accumulation_steps, clip_grads (``params -> None`` or None), trace (jit-trace
+    the step), norm_eval (BN layers stay in eval mode), config (the run's config: recorded in checkpoints
+    and read by resume, never by the step).
+    Attributes: those, meter (values of the last iteration for the logger), iters_per_epoch.
+    Checkpoints capture and restore the training state in engine/training_state.py.
     """
 
-    def __init__(self, cfg, model, train_loader, optimizer, grad_manager, hooks=None, ema=None, grad_scaler=None):
+    def __init__(self, model, train_loader, optimizer, grad_manager, loss_fn, hooks=None, ema=None,
+                 grad_scaler=None, record=None, amp=False, accumulation_steps=1, clip_grads=None, trace=False,
+                 norm_eval=False, config=None):
         super().__init__(model, train_loader, solver=None, hooks=hooks)
-        self.cfg = cfg
+        self.cfg = config
         self.optimizer = optimizer
         self.grad_manager = grad_manager
         self.grad_scaler = grad_scaler
         self.ema = ema
+        self.record = RunRecord() if record is None else record
         self.params = list(model.parameters())
         self.iters_per_epoch = len(train_loader)
-        self.accum = cfg.solver.accumulation_steps
+        self.accum = int(accumulation_steps)
+        self.clip_grads = clip_grads
+        self.norm_eval = norm_eval
         self.meter = {}
-        self.last_metrics = None
-        self.best_top1 = None
-        self.best_epoch = None
         self._epoch_iter = None
-        self._loss_fn = build_loss(cfg)
+        self._loss_fn = loss_fn
         self._data_vs_step = [0.0, 0.0, 0]  # data and step seconds summed over measured iterations
-        self._forward_backward = self._build_step()
+        self._forward_backward = self._build_step(amp, trace)
+
+    def register_hooks(self, hooks):
+        """Add `hooks` (None entries dropped); all hooks then run in ascending :func:`hook_priority`, ties in
+        the order given, so the order of the list carries no meaning beyond ties."""
+        super().register_hooks(hooks)
+        self._hooks.sort(key=hook_priority)
 
     # -- the step -------------------------------------------------------------------------------
     def _loss(self, images, labels):
         logits = self.model(images)
         return self._loss_fn(logits, labels), logits
 
-    def _build_step(self):
+    def _build_step(self, amp, trace):
         """forward + backward; the loss scale is an input (dy), so a traced step never bakes it in."""
-        amp = self.cfg.amp.enabled
 
         def forward_backward(images, labels, loss_scale):
             with self.grad_manager:
@@ -78,9 +88,9 @@ class ClsTrainer(BaseTrainer):
                 self.grad_manager.backward(loss / self.accum, dy=loss_scale)
             return loss, logits
 
-        if self.cfg.trace:
+        if trace:
             fast_cpu_weight_grad(False)  # the numpy weight-gradient tap cannot be traced
-            return trace(forward_backward, symbolic=True)
+            return jit_trace(forward_backward, symbolic=True)
         return forward_backward
 
     def _loss_scale(self):
@@ -94,7 +104,7 @@ class ClsTrainer(BaseTrainer):
 
     def before_epoch(self):
         self.model.train()
-        if self.cfg.bn.norm_eval:
+        if self.norm_eval:
             set_norm_eval(self.model)
         self.dataloader.set_epoch(self.progress.epoch - 1)
         self._epoch_iter = iter(self.dataloader)
@@ -162,10 +172,7 @@ class ClsTrainer(BaseTrainer):
             # same scale (it only changes here), and all ranks see the same gradients, so they agree on overflow
             self.grad_scaler.unscale(self.grad_manager.attached_tensors())
             self.grad_scaler.update()
-        clip = self.cfg.solver.grad_clip
-        if clip.name == "norm":
-            optim.clip_grad_norm(self.params, max_norm=clip.max_norm)
-        elif clip.name == "value":
-            optim.clip_grad_value(self.params, lower=clip.lower, upper=clip.upper)
+        if self.clip_grads is not None:
+            self.clip_grads(self.params)
         self.optimizer.step()
         self.optimizer.clear_grad()

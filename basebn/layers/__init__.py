@@ -1,7 +1,8 @@
 """Layers, BN ops and model-level BN tools; each in its own module, the public API re-exported here.
 
-BN modules import one way (docs/bn_design.md): precise_bn, convert -> conv_bn -> graph -> norm ->
-batch_norm -> sync_bn, frozen_bn -> bn_ops, moments, conv, module_tree.
+BN modules import one way (docs/bn_design.md): precise_bn, convert -> conv_bn -> conv_bn_pairs -> norm ->
+batch_norm, sync_bn, frozen_bn -> bn_function -> bn_ops -> kernel_library -> kernel_build; conv -> conv_ops ->
+kernel_library (the one custom-op library of the BN and the conv ops).
 """
 from .activation import HSigmoid, HSwish, ReLU6, Swish, build_activation  # noqa: F401
 from .batch_norm import BatchNorm2d  # noqa: F401

@@ -4,14 +4,14 @@ What ``build_norm("BN")`` builds. A subclass of ``M.BatchNorm2d``: the same stat
 (1, C, 1, 1) float32 tensors), momentum convention (``running = momentum * running + (1 - momentum)
 * batch``, unbiased batch variance), ``freeze`` and eval behaviour, so checkpoints load both ways and
 every ``isinstance(m, M.BatchNorm2d)`` still holds. The forward is SyncBatchNorm's without any
-collective (:func:`.sync_bn.kernel_bn_forward`): the kernels, or their fallback, and the batch
+collective (:func:`.bn_function.kernel_bn_forward`): the kernels, or their fallback, and the batch
 statistics stay on the device. Under ``jit.trace`` it runs MegEngine's own BN op. ``momentum=None``
 is a cumulative average (``num_batches_tracked`` is a plain attribute, not saved).
 """
 import megengine.module as M
 from megengine.jit import tracing
 
-from .sync_bn import kernel_bn_forward
+from .bn_function import kernel_bn_forward
 
 __all__ = ["BatchNorm2d"]
 

@@ -32,6 +32,7 @@ __all__ = [
     "fold_weight",
     "FoldedConv2d",
     "folded_conv_supported",
+    "records_grad",
 ]
 
 _FAST = {"enabled": True}
@@ -101,8 +102,9 @@ class _WeightGradTap(Function):
         return dy, None, mge.tensor(grad, dtype=self.weight_dtype, device=dy.device)
 
 
-def _records_grad(*tensors):
-    """True when a GradManager records any of ``tensors`` (some gradient will be asked of it)."""
+def records_grad(*tensors):
+    """True when a GradManager records any of ``tensors`` (some gradient will be asked of it): a custom
+    Function then computes only the gradients that are wanted."""
     return core2.get_grad_key(tensors) is not None
 
 
@@ -146,7 +148,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
     if _dnnl_applies(x, weight, bias):
         geom = ConvGeometry(as_pair(stride), as_pair(padding), as_pair(dilation), groups)
-        need = (_records_grad(x), _records_grad(weight), bias is not None and _records_grad(bias))
+        need = (records_grad(x), records_grad(weight), bias is not None and records_grad(bias))
         if not any(need):
             return conv_forward(x, weight, bias, geom)
         fn = _DnnlConv2d(geom, *need)

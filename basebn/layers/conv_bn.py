@@ -14,10 +14,9 @@ import numpy as np
 
 import megengine as mge
 import megengine.module as M
-from megengine.core._imperative_rt import core2
 
-from .conv import FoldedConv2d, fold_weight, folded_conv_supported, is_conv2d
-from .graph import find_conv_bn_pairs
+from .conv import FoldedConv2d, fold_weight, folded_conv_supported, is_conv2d, records_grad
+from .conv_bn_pairs import find_conv_bn_pairs
 from .module_tree import find_module, get_module, parent_and_key, set_module
 from .norm import has_running_stats, is_bn2d, is_frozen_bn, uses_running_stats
 
@@ -47,11 +46,6 @@ def _scale_shift(bn, conv_bias):
     if bias is not None:
         shift = shift + bias
     return scale, shift
-
-
-def _tracked(*tensors):
-    """True when a GradManager records any of `tensors` (i.e. some gradient will be asked of it)."""
-    return core2.get_grad_key(tensors) is not None
 
 
 class _ConvBNLink:
@@ -92,8 +86,8 @@ class _EfficientConvForward(_LinkedForward):
             orig = self.link.conv_forward
             return orig(inp) if orig is not None else type(conv).forward(conv, inp)
         scale, shift = _scale_shift(bn, conv.bias)
-        need_dx, need_dw = _tracked(inp), _tracked(conv.weight, scale)
-        if (need_dx or need_dw or _tracked(shift)) and folded_conv_supported(conv, inp):
+        need_dx, need_dw = records_grad(inp), records_grad(conv.weight, scale)
+        if (need_dx or need_dw or records_grad(shift)) and folded_conv_supported(conv, inp):
             return FoldedConv2d(conv, need_dx, need_dw)(inp, conv.weight, scale, shift)
         # no gradient wanted (plain inference), or GPU / other conv modes: autodiff, which keeps the
         # folded weight (one weight-sized copy per conv) for backward

@@ -1,7 +1,7 @@
 """Raw oneDNN convolution ops (no autograd) and the choice of CPU conv backend.
 
-The ops (``basebn/kernels/conv_dnnl.cpp``) live in the BN kernel library, built with them when
-oneDNN is found (:func:`basebn.layers.bn_ops.build.find_onednn`). ``$BASEBN_CONV_BACKEND``:
+The ops (``basebn/kernels/conv_dnnl.cpp``) live in :mod:`basebn.layers.kernel_library`, built with
+them when oneDNN is found (:func:`~basebn.layers.kernel_library.find_onednn`). ``$BASEBN_CONV_BACKEND``:
 ``dnnl`` (the ops; an error if they did not build), ``megengine`` (MegEngine's conv and the numpy
 weight gradient), ``auto`` (default: the ops when built, else ``megengine`` after one warning).
 Tensors are NCHW float32 on CPU; weights in MegEngine's layout, (O, C, kh, kw) or (G, O/G, C/G, kh, kw).
@@ -15,10 +15,9 @@ from loguru import logger
 from megengine.core._imperative_rt.core2 import apply
 from megengine.core.ops import custom
 
-from .bn_ops import kernel
-from .bn_ops.build import KernelUnavailableError, conv_kernel_available, conv_kernel_error
+from .kernel_library import KernelUnavailableError, conv_kernel_available, conv_kernel_error, wait_for_inputs
 
-__all__ = ["CONV_BACKENDS", "ConvGeometry", "conv_backend", "conv_forward", "conv_backward_data",
+__all__ = ["CONV_BACKENDS", "ConvGeometry", "conv_backend", "check_conv_shapes", "conv_forward", "conv_backward_data",
            "conv_backward_weights"]
 
 _ENV_BACKEND = "BASEBN_CONV_BACKEND"
@@ -70,12 +69,38 @@ def _op(name, **params):
 
 
 def _run(name, geom, inputs, **params):
-    kernel.ready(*inputs)  # waits for the inputs' producers when the ops cannot do it themselves
+    wait_for_inputs(*inputs)  # waits for the inputs' producers when the ops cannot do it themselves
     return apply(_op(name, **geom.params(), **params), *inputs)
+
+
+def check_conv_shapes(x, weight, bias, geom):
+    """Raise ValueError unless ``x``, ``weight`` and ``bias`` make a valid conv of ``geom``.
+
+    The ops' own checks (``custom_assert``) only log in a release build and the op then returns garbage,
+    so every shape a user can get wrong is checked here first, as MegEngine's conv does.
+    """
+    if x.ndim != 4 or weight.ndim not in (4, 5):
+        raise ValueError(f"conv2d: input must be NCHW and weight (O, C, kh, kw) or (G, O/G, C/G, kh, kw); "
+                         f"got input {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    groups = geom.groups
+    out_channels = weight.shape[0] * (weight.shape[1] if weight.ndim == 5 else 1)
+    in_per_group, kh, kw = weight.shape[-3:]
+    if x.shape[1] != in_per_group * groups:
+        raise ValueError(f"conv2d: input has {x.shape[1]} channels but the weight {tuple(weight.shape)} with "
+                         f"{groups} group(s) expects {in_per_group * groups}")
+    (sh, sw), (ph, pw), (dh, dw) = geom.stride, geom.padding, geom.dilation
+    for size, pad, k, d, axis in ((x.shape[2], ph, kh, dh, "height"), (x.shape[3], pw, kw, dw, "width")):
+        if size + 2 * pad < (k - 1) * d + 1:
+            raise ValueError(f"conv2d: input {axis} {size} (padding {pad}) is smaller than the kernel's "
+                             f"{(k - 1) * d + 1}")
+    if bias is not None and bias.size != out_channels:
+        raise ValueError(f"conv2d: bias has {bias.size} values, the weight {tuple(weight.shape)} has "
+                         f"{out_channels} output channels")
 
 
 def conv_forward(x, weight, bias, geom):
     """``conv(x, weight) + bias``; ``bias`` is None or holds O values (any shape)."""
+    check_conv_shapes(x, weight, bias, geom)
     b = weight if bias is None else bias.reshape(-1)  # a placeholder fills the unused slot
     (y,) = _run("BasebnConvFwd", geom, (x, weight, b), has_bias=bias is not None)
     return y

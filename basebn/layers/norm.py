@@ -23,6 +23,7 @@ __all__ = [
     "has_running_stats",
     "uses_running_stats",
     "bn_layers",
+    "set_norm_eval",
 ]
 
 NORM_KINDS = ("BN", "SyncBN", "FrozenBN", "GN")
@@ -72,6 +73,14 @@ def uses_running_stats(bn):
 def bn_layers(model):
     """``[(name, module)]`` of every BN layer of ``model``, in ``named_modules`` order."""
     return [(name, m) for name, m in model.named_modules() if is_bn(m)]
+
+
+def set_norm_eval(model):
+    """Put every BN layer of `model` (:func:`is_bn`) in eval mode (frozen statistics, mmdet's ``norm_eval``);
+    the rest keeps its mode."""
+    for m in model.modules():
+        if is_bn(m):
+            m.eval()
 
 
 def build_norm(kind, num_features, momentum=0.9, eps=1e-5, gn_groups=32):

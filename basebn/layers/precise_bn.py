@@ -304,13 +304,12 @@ def _combine_ranks(stats, samples, batches):
     return merged, [int(v) for v in gathered[:, 0]], [int(v) for v in gathered[:, 1]]
 
 
-def _run_pass(model, loader, num_samples, progress, sync_bn):
-    """Statistics of every updatable layer over ``loader``, merged over ranks.
+def _run_pass(model, layers, loader, num_samples, progress, sync_bn):
+    """Statistics of each of ``layers`` (:func:`bn_layers_for_precise_bn`) over ``loader``, merged over ranks.
 
-    Returns (layers, skipped, per-layer stats, info). Leaves the model as it found it except for the
-    running statistics of BN layers whose own forward moved them (the caller writes or restores them).
+    Returns (per-layer stats, in the order of ``layers``; info). Leaves the model as it found it except
+    for the running statistics of BN layers whose own forward moved them (the caller writes or restores them).
     """
-    layers, skipped = bn_layers_for_precise_bn(model)
     rank, world = dist.get_rank(), dist.get_world_size()
     mode = _resolve_sync_mode(sync_bn, model, world)
     t0 = time.perf_counter()
@@ -320,7 +319,7 @@ def _run_pass(model, loader, num_samples, progress, sync_bn):
     info = {"seconds": seconds, "sync_bn": mode, "samples": sum(per_rank_samples),
             "batches": sum(per_rank_batches), "per_rank_samples": per_rank_samples,
             "per_rank_batches": per_rank_batches}
-    return layers, skipped, stats, info
+    return stats, info
 
 
 # ------------------------------------------------------------------------------- public API
@@ -336,8 +335,8 @@ def _check_method(method):
         raise ValueError(f"precise BN method must be one of {METHODS}, got {method!r}")
 
 
-def _snapshot(model):
-    layers, _ = bn_layers_for_precise_bn(model)
+def _snapshot(layers):
+    """``[(module, running mean, running var)]`` copies, in the order of ``layers``."""
     return [(m, m.running_mean.numpy().copy(), m.running_var.numpy().copy()) for _, m in layers]
 
 
@@ -364,9 +363,10 @@ def collect_bn_population_stats(model, loader, num_samples=8192, *, method="pool
     result. The model's running statistics, weights, flags and momenta are left as they were.
     """
     _check_method(method)
-    snapshot = _snapshot(model)
+    layers, _ = bn_layers_for_precise_bn(model)
+    snapshot = _snapshot(layers)
     try:
-        layers, _, stats, _ = _run_pass(model, loader, num_samples, progress, sync_bn)
+        stats, _ = _run_pass(model, layers, loader, num_samples, progress, sync_bn)
     finally:
         _restore(snapshot)
     out = {}
@@ -399,10 +399,11 @@ def update_bn_stats(model, loader, num_samples=8192, *, method="pooled", sync_bn
     ``per_rank_batches``, ``seconds``. Nothing is written when the pass fails or sees no sample.
     """
     _check_method(method)
-    _log_skipped(bn_layers_for_precise_bn(model)[1])
-    snapshot = _snapshot(model)
+    layers, skipped = bn_layers_for_precise_bn(model)  # the one walk: the snapshot, the pass and the log use it
+    _log_skipped(skipped)
+    snapshot = _snapshot(layers)
     try:
-        layers, skipped, stats, info = _run_pass(model, loader, num_samples, progress, sync_bn)
+        stats, info = _run_pass(model, layers, loader, num_samples, progress, sync_bn)
     except BaseException:
         _restore(snapshot)
         raise

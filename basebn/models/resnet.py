@@ -3,16 +3,14 @@
 Module names follow torchvision (conv1, bn1, layer1..4, downsample, fc) so users recognise them.
 `stem="small"` replaces the 7x7/2 conv + max-pool by a 3x3 conv (stride `stem_stride`) for 28-32 px inputs.
 """
-import math
-from functools import partial
-
 import megengine.functional as F
 import megengine.module as M
 
 from ..layers.conv import Conv2d
-from ..layers.norm import build_norm
+from .norm_factory import norm_factory
+from .weight_init import init_weights_torchvision, zero_init_last_norms
 
-__all__ = ["ResNet", "resnet20", "resnet32", "resnet56", "resnet18", "resnet34", "resnet50"]
+__all__ = ["ResNet", "cifar_resnet", "resnet20", "resnet32", "resnet56", "resnet18", "resnet34", "resnet50"]
 
 
 def conv3x3(cin, cout, stride=1):
@@ -39,6 +37,7 @@ class BasicBlock(M.Module):
             self.downsample = M.Sequential(conv1x1(cin, cout, stride), norm(cout))
 
     def last_norm(self):
+        """bn2, the norm that ends the residual branch (zero-init target)."""
         return self.bn2
 
     def forward(self, x):
@@ -63,6 +62,7 @@ class Bottleneck(M.Module):
             self.downsample = M.Sequential(conv1x1(cin, cout, stride), norm(cout))
 
     def last_norm(self):
+        """bn3, the norm that ends the residual branch (zero-init target)."""
         return self.bn3
 
     def forward(self, x):
@@ -74,11 +74,17 @@ class Bottleneck(M.Module):
 
 
 class ResNet(M.Module):
-    """ResNet with torchvision key names (conv1, bn1, layer1.0.conv1, fc); "small" or "imagenet" stem."""
+    """ResNet with torchvision key names (conv1, bn1, layer1.0.conv1, fc); "small" or "imagenet" stem.
+
+    bn_momentum / bn_eps None: the family defaults below (MegEngine momentum convention, see norm_factory).
+    """
+
+    default_bn_momentum, default_bn_eps = 0.9, 1e-5
+
     def __init__(self, block, depths, widths, num_classes=10, in_channels=3, stem="small",
-                 norm="BN", bn_momentum=0.9, bn_eps=1e-5, zero_init_residual=True, stem_stride=1):
+                 norm="BN", bn_momentum=None, bn_eps=None, zero_init_residual=True, stem_stride=1):
         super().__init__()
-        norm_layer = partial(build_norm, norm, momentum=bn_momentum, eps=bn_eps)
+        norm_layer = norm_factory(norm, bn_momentum, bn_eps, self.default_bn_momentum, self.default_bn_eps)
         if stem == "imagenet":
             self.conv1 = Conv2d(in_channels, widths[0], 7, stride=2, padding=3, bias=False)
             self.maxpool = M.MaxPool2d(3, stride=2, padding=1)
@@ -101,20 +107,9 @@ class ResNet(M.Module):
         for i, stage in enumerate(stages):
             setattr(self, f"layer{i + 1}", stage)
         self.fc = M.Linear(cin, num_classes)
-        self._init_weights(zero_init_residual)
-
-    def _init_weights(self, zero_init_residual):
-        for m in self.modules():
-            if isinstance(m, M.Conv2d):
-                M.init.msra_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, M.Linear):
-                bound = 1 / math.sqrt(m.in_features)
-                M.init.uniform_(m.weight, -bound, bound)
-                M.init.zeros_(m.bias)
-        if zero_init_residual:  # each residual branch starts as identity (Goyal et al. 2017)
-            for m in self.modules():
-                if isinstance(m, (BasicBlock, Bottleneck)) and getattr(m.last_norm(), "weight", None) is not None:
-                    M.init.zeros_(m.last_norm().weight)
+        init_weights_torchvision(self)
+        if zero_init_residual:
+            zero_init_last_norms(self)
 
     def features(self, x):
         x = F.relu(self.bn1(self.conv1(x)))
@@ -129,7 +124,10 @@ class ResNet(M.Module):
         return self.fc(x)
 
 
-def _cifar(depth, base_width=16, **kw):
+def cifar_resnet(depth, base_width=16, **kw):
+    """ResNet-`depth` (6n + 2) with three stages of n basic blocks, `base_width` x (1, 2, 4) wide; kw go to ResNet."""
+    if (depth - 2) % 6:
+        raise ValueError(f"CIFAR ResNet depth must be 6n + 2, got {depth}")
     n = (depth - 2) // 6
     return ResNet(BasicBlock, [n, n, n], [base_width, base_width * 2, base_width * 4], **kw)
 
@@ -141,17 +139,17 @@ def _imagenet(block, depths, base_width=64, stem="imagenet", **kw):
 
 def resnet20(**kw):
     """CIFAR-style ResNet-20: 3 stages of 3 BasicBlocks, widths 16/32/64 (base_width scales them)."""
-    return _cifar(20, **kw)
+    return cifar_resnet(20, **kw)
 
 
 def resnet32(**kw):
     """CIFAR-style ResNet-32: 3 stages of 5 BasicBlocks."""
-    return _cifar(32, **kw)
+    return cifar_resnet(32, **kw)
 
 
 def resnet56(**kw):
     """CIFAR-style ResNet-56: 3 stages of 9 BasicBlocks."""
-    return _cifar(56, **kw)
+    return cifar_resnet(56, **kw)
 
 
 def resnet18(**kw):

@@ -2,7 +2,7 @@
 
 ResNet-101/152, ResNet-D (deep stem + avg-down shortcut), ResNeXt, SE-ResNet(Xt) and Wide ResNet, with
 basecls's names and exact layouts. basebn's own resnet18/34/50 (torchvision key names) stay in
-:mod:`basebn.models.resnet`; their basecls-layout twins are :func:`basecls_resnet18` etc.
+:mod:`basebn.models.resnet` (``build_resnet(18 | 34 | 50)`` gives their basecls layout).
 Quirk kept from basecls: ``wide_resnet*_2`` keeps group widths 64..512 at bottleneck widths 128..1024,
 so its 3x3 convs have 2 groups (46.2 M parameters for wide_resnet50_2, not torchvision's 68.9 M).
 """
@@ -15,7 +15,7 @@ __all__ = [
     "se_resnet18", "se_resnet34", "se_resnet50", "se_resnet101", "se_resnet152",
     "se_resnext50_32x4d", "se_resnext101_32x4d", "se_resnext101_32x8d", "se_resnext101_64x4d",
     "se_resnext152_32x4d", "se_resnext152_32x8d", "se_resnext152_64x4d",
-    "wide_resnet50_2", "wide_resnet101_2", "basecls_resnet18", "basecls_resnet34", "basecls_resnet50",
+    "wide_resnet50_2", "wide_resnet101_2",
 ]
 
 _DEPTHS = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3], 50: [3, 4, 6, 3], 101: [3, 4, 23, 3], 152: [3, 8, 36, 3]}
@@ -43,21 +43,6 @@ def _resnext(depth, groups, group_w, **kw):
     """ResNeXt-`depth` `groups`x`group_w`d: bottleneck width = groups * group_w in stage 1, doubling."""
     bot_mul = groups * group_w / 256
     return build_resnet(depth, bot_mul=bot_mul, group_ws=[group_w * 2 ** i for i in range(4)], **kw)
-
-
-def basecls_resnet18(**kw):
-    """basecls's ResNet-18 layout (basebn's own `resnet18` has torchvision keys)."""
-    return build_resnet(18, **kw)
-
-
-def basecls_resnet34(**kw):
-    """basecls's ResNet-34 layout (basebn's own `resnet34` has torchvision keys)."""
-    return build_resnet(34, **kw)
-
-
-def basecls_resnet50(**kw):
-    """basecls's ResNet-50 layout (basebn's own `resnet50` has torchvision keys)."""
-    return build_resnet(50, **kw)
 
 
 def resnet101(**kw):

@@ -1,9 +1,15 @@
-"""Initialisation shared by the basecls-style families (pycls / basecls ``init_weights``), and zero-init
-of the last norm in residual branches.
+"""Every family's weight initialisation, and zero-init of the last norm in residual branches.
 
-Conv: N(0, sqrt(2 / fan_out)) with fan_out = out_channels / groups * kh * kw; conv bias U(+-1/sqrt(fan_in)).
-Norm: weight 1, bias 0. Linear: N(0, 0.01), bias 0. A residual block marks its last norm by a
-``last_norm()`` method (the convention of basebn's ResNet blocks).
+* :func:`init_weights` (the basecls-style families; pycls / basecls ``init_weights``): conv N(0, sqrt(2 / fan_out))
+  with fan_out = out_channels / groups * kh * kw, conv bias U(+-1/sqrt(fan_in)); norm weight 1, bias 0;
+  linear N(0, 0.01), bias 0.
+* :func:`init_weights_torchvision` (basebn's ResNets): conv MSRA normal (fan_out, relu); linear
+  U(+-1/sqrt(in_features)), bias 0; norms keep their construction values (1, 0).
+* :func:`init_weights_wrn` (the wide ResNets, as their reference code): conv N(0, sqrt(2 / (kh*kw*out))),
+  linear bias 0 (weight: MegEngine's default); norms keep 1, 0.
+
+A residual block marks its last norm by a ``last_norm()`` method (None when the block has no residual
+branch ending in a norm); :func:`zero_init_last_norms` sets those gammas to 0 (``zero_init_residual``).
 """
 import math
 
@@ -11,7 +17,7 @@ import megengine.module as M
 
 from ..layers.norm import is_norm
 
-__all__ = ["init_weights", "zero_init_last_norms", "last_norms"]
+__all__ = ["init_weights", "init_weights_torchvision", "init_weights_wrn", "zero_init_last_norms", "last_norms"]
 
 
 def _conv_fans(weight):
@@ -36,6 +42,27 @@ def init_weights(model):
             M.init.normal_(m.weight, 0.0, 0.01)
             if m.bias is not None:
                 M.init.zeros_(m.bias)
+
+
+def init_weights_torchvision(model):
+    """torchvision's ResNet initialisation of every conv and linear layer of `model`, in place (module docstring)."""
+    for m in model.modules():
+        if isinstance(m, M.Conv2d):
+            M.init.msra_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, M.Linear):
+            bound = 1 / math.sqrt(m.in_features)
+            M.init.uniform_(m.weight, -bound, bound)
+            M.init.zeros_(m.bias)
+
+
+def init_weights_wrn(model):
+    """The wide-ResNet reference initialisation of every conv and linear layer of `model`, in place."""
+    for m in model.modules():
+        if isinstance(m, M.Conv2d):
+            k = m.weight.shape[-2] * m.weight.shape[-1]
+            M.init.normal_(m.weight, 0.0, math.sqrt(2.0 / (k * m.out_channels)))
+        elif isinstance(m, M.Linear):
+            M.init.zeros_(m.bias)
 
 
 def last_norms(model):

@@ -6,13 +6,12 @@ Block: [bn, relu] -> 3x3 conv (stride) -> [bn, relu] -> [dropout] -> 3x3 conv, p
 1x1 conv of the pre-activated input when the width changes). Its residual branch ends in a conv,
 so there is no last norm to zero-initialise.
 """
-import math
-
 import megengine.functional as F
 import megengine.module as M
 
 from ..layers.conv_norm_act import padded_conv
 from .norm_factory import norm_factory
+from .weight_init import init_weights_wrn
 
 __all__ = ["WideBasicBlock", "WideResNet", "wrn_16_8", "wrn_28_10", "wrn_40_4"]
 
@@ -69,16 +68,7 @@ class WideResNet(M.Module):
         self.block3 = _NetworkBlock(n, widths[2], widths[3], 2, norm_layer, dropout)
         self.bn1 = norm_layer(widths[3])
         self.fc = M.Linear(widths[3], num_classes)
-        self._init_weights()
-
-    def _init_weights(self):
-        """As the reference code: conv N(0, sqrt(2 / (k*k*out))), norm 1 / 0, fc bias 0."""
-        for m in self.modules():
-            if isinstance(m, M.Conv2d):
-                k = m.weight.shape[-2] * m.weight.shape[-1]
-                M.init.normal_(m.weight, 0.0, math.sqrt(2.0 / (k * m.out_channels)))
-            elif isinstance(m, M.Linear):
-                M.init.zeros_(m.bias)
+        init_weights_wrn(self)
 
     def features(self, x):
         x = self.block3(self.block2(self.block1(self.conv1(x))))

@@ -4,7 +4,9 @@ Turns a finished run into a zoo entry: evaluates the chosen weights (optionally 
 writes ZOO/NAME.npz (pickle-free), and adds/updates the entry in ZOO/zoo.json and ZOO/README.md (ZOO is
 basebn.zoo.zoo_dir(); all three written atomically). The entry's command is the training command given
 with --command followed by this export's own invocation (written by export_invocation, so the recorded
-command always runs as shown). The entry's config path follows the zoo's rule (basebn/zoo/index.py).
+command always runs as shown). The entry's config path follows the zoo's rule (basebn/zoo/index.py): it must
+lie inside the zoo's config root, and the sha256 of it and of the configs it derives from are recorded
+(config_sha256), without which basebn never runs an entry's config.
 """
 import argparse
 import json
@@ -20,8 +22,8 @@ from ..engine.evaluate import evaluate
 from ..layers.precise_bn import update_bn_stats
 from ..models import load_weights
 from ..utils.fs import atomic_write_bytes, sha256_of
-from ..zoo import list_entries, zoo_dir, zoo_index_path
-from ..zoo.index import SOURCE_ROOT
+from ..zoo import ZooError, config_hashes, config_root, list_entries, zoo_dir, zoo_index_path
+from ..zoo.config_files import is_inside, relative_key
 
 __all__ = ["export", "export_invocation", "render_readme", "build_parser", "main"]
 
@@ -77,12 +79,13 @@ def export_invocation(run_dir, name, config, ema=False, precise_bn=0, method="po
 
 
 def entry_config(config):
-    """`config` (a path as given on the command line) as the zoo records it: absolute stays absolute; a relative
-    one becomes relative to the custom zoo's folder ($BASEBN_ZOO) or to the source tree root (shipped zoo)."""
-    if os.path.isabs(config):
-        return config
-    base = zoo_dir() if os.environ.get("BASEBN_ZOO") else SOURCE_ROOT
-    return os.path.relpath(os.path.abspath(config), base)
+    """`config` (a path as given on the command line) as the zoo records it: relative to the zoo's config root (the
+    custom zoo's folder $BASEBN_ZOO, or the source tree root for the shipped zoo); a config outside it is refused."""
+    root = config_root()
+    if not is_inside(config, root):
+        raise ZooError(f"--config {config!r} lies outside {root}: a zoo entry's config must be inside the zoo "
+                       f"folder (or the shipped configs/); copy it there first")
+    return relative_key(config, root)
 
 
 def build_parser():
@@ -106,10 +109,14 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     # an index that exists must be readable: a malformed one fails here, before anything is written
     entries = list_entries() if os.path.isfile(zoo_index_path()) else []
+    entry_config(args.config)  # and the config must be one the zoo can record
     metrics, path = export(args.run_dir, args.name, args.ema, args.precise_bn, args.method)
     with open(os.path.join(args.run_dir, "config.json")) as f:
         run_cfg = BaseConfig(json.load(f))
-    entry = {"name": args.name, "config": entry_config(args.config), "overrides": _overrides(run_cfg, args.config),
+    config = entry_config(args.config)
+    entry = {"name": args.name, "config": config,
+             "config_sha256": config_hashes(os.path.join(config_root(), config), config_root()),
+             "overrides": _overrides(run_cfg, args.config),
              "weights": os.path.basename(path), "sha256": sha256_of(path),
              "top1": round(metrics["top1"], 2), "top5": round(metrics["top5"], 2), "dataset": run_cfg.data.name,
              "ema": args.ema, "precise_bn": args.precise_bn, "seeds": args.seeds,

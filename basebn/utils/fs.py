@@ -1,17 +1,37 @@
 """Files: atomic replacement, clean-up of the temp files a killed writer leaves, sha256 of a file.
 
 atomic_write_bytes writes `NAME.XXXXXXXX.tmp` beside `NAME` (8 random characters from mkstemp);
-remove_stale_tmp removes exactly that pattern.
+remove_stale_tmp removes exactly that pattern. The file gets the mode a plain open() would give a new file,
+0o666 less the user's umask (mkstemp alone would leave 0o600).
 """
 import hashlib
 import os
 import re
 import tempfile
 
-__all__ = ["atomic_write_bytes", "remove_stale_tmp", "sha256_of", "TMP_SUFFIX"]
+__all__ = ["atomic_write_bytes", "remove_stale_tmp", "sha256_of", "current_umask", "new_file_mode", "TMP_SUFFIX"]
 
 TMP_SUFFIX = ".tmp"
 _STALE_TMP = re.compile(r"^.+\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp's names: 8 of [a-z0-9_]
+
+
+def current_umask():
+    """The process's umask, read without changing it (Linux's /proc/self/status), else by setting it back at once."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode():
+    """The permission bits open() gives a new file: 0o666 less the umask."""
+    return 0o666 & ~current_umask()
 
 
 def atomic_write_bytes(path, data):
@@ -21,6 +41,7 @@ def atomic_write_bytes(path, data):
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=TMP_SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), new_file_mode())  # mkstemp made it 0o600
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -1,10 +1,13 @@
 """The zoo index (zoo.json): where it is, its entries, an entry's config and its sha256-verified weights.
 
 Where: $BASEBN_ZOO, else the package data of an installed basebn (basebn/zoo_data, mapped from the
-repository's zoo/ by setup.py), else the source tree's zoo/. Entry configs: an absolute path is used as is;
-a relative one is relative to the $BASEBN_ZOO folder for a custom zoo, and to the source tree root (where
-configs/ lives) for the shipped zoo; an installed basebn without its source tree resolves it from the
-current directory.
+repository's zoo/ by setup.py), else the source tree's zoo/.
+
+An entry's config is a path relative to its config root, which it may not leave: the $BASEBN_ZOO folder for a
+custom zoo; for the shipped zoo the folder holding the shipped configs/ (basebn/zoo_data of an installed basebn,
+where setup.py installs the repository's configs/ as basebn/zoo_data/configs, else the source tree root). Before
+it runs, it and the configs it derives from must match the entry's config_sha256 (config_files.py). An entry's
+weights are a file inside the zoo folder or a URL, and must match its sha256. Never the current directory.
 """
 import json
 import os
@@ -12,11 +15,12 @@ import re
 
 from ..checkpoint import read_npz_weights
 from ..utils.fs import sha256_of
+from .config_files import is_inside, verify_config_files
 from .download import download
 from .errors import ZooError
 
-__all__ = ["zoo_dir", "zoo_index_path", "list_entries", "get_entry", "entry_config_path", "zoo_config_source",
-           "zoo_weights_path", "load_zoo_weights"]
+__all__ = ["zoo_dir", "zoo_index_path", "list_entries", "get_entry", "config_root", "entry_config_path",
+           "zoo_config_source", "zoo_weights_path", "load_zoo_weights"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE_ROOT = os.path.dirname(_PACKAGE)
@@ -65,29 +69,35 @@ def get_entry(name):
     raise ZooError(f"unknown zoo entry {name!r}; available: {', '.join(e['name'] for e in entries)}")
 
 
-def entry_config_path(entry):
-    """The entry's config file, by the rule in this module's docstring."""
-    config = _field(entry, "config")
-    if os.path.isabs(config):
-        return config
+def config_root():
+    """The folder an entry's config path is relative to (and may not leave): see this module's docstring."""
     if os.environ.get("BASEBN_ZOO"):
-        base = zoo_dir()
-    else:
-        base = SOURCE_ROOT if os.path.isdir(os.path.join(SOURCE_ROOT, "configs")) else os.getcwd()
-    return os.path.join(base, config)
+        return zoo_dir()
+    if os.path.isdir(os.path.join(INSTALLED_ZOO, "configs")) and zoo_dir() == INSTALLED_ZOO:
+        return INSTALLED_ZOO
+    return SOURCE_ROOT
+
+
+def entry_config_path(entry):
+    """The entry's config file inside config_root(); a path that leaves it is a ZooError."""
+    config, root = _field(entry, "config"), config_root()
+    path = os.path.normpath(os.path.join(root, config))
+    if not is_inside(path, root):
+        raise ZooError(f"zoo entry {entry['name']!r}: config {config!r} lies outside {root}; a zoo entry's config "
+                       f"must be inside the zoo folder (or the shipped configs); nothing was run")
+    return path
 
 
 def zoo_config_source(name):
-    """(config file, overrides) of entry `name`; basebn.engine.build.zoo_config loads them (the zoo does not
+    """(config file, overrides) of entry `name`, the config and the configs it derives from verified against
+    the entry's config_sha256 (nothing is run); basebn.engine.build.zoo_config loads them (the zoo does not
     import basebn.config, which imports the models, which import the zoo)."""
     entry = get_entry(name)
     path = entry_config_path(entry)
-    if not os.path.isfile(path):
-        where = "the BASEBN_ZOO folder" if os.environ.get("BASEBN_ZOO") else "the source tree root"
-        raise ZooError(f"zoo entry {name!r}: config {path} not found (a relative config path is relative to {where})")
     overrides = entry.get("overrides", [])
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
         raise ZooError(f"zoo entry {name!r}: overrides must be a list of KEY=VALUE strings")
+    verify_config_files(path, config_root(), entry.get("config_sha256"), f"zoo entry {name!r}")
     return path, list(overrides)
 
 
@@ -98,7 +108,10 @@ def zoo_weights_path(entry):
         raise ZooError(f"zoo entry {entry['name']!r}: sha256 {sha!r} is not 64 lowercase hex digits")
     if weights.startswith(("http://", "https://")):
         return download(weights, sha)
-    path = weights if os.path.isabs(weights) else os.path.join(zoo_dir(), weights)
+    path = os.path.normpath(os.path.join(zoo_dir(), weights))
+    if not is_inside(path, zoo_dir()):
+        raise ZooError(f"zoo entry {entry['name']!r}: weights {weights!r} lie outside the zoo folder {zoo_dir()}; "
+                       f"an entry's weights are a file in the zoo folder or a URL")
     if not os.path.isfile(path):
         raise ZooError(f"zoo entry {entry['name']!r}: weights file {path} is missing")
     got = sha256_of(path)

@@ -7,14 +7,14 @@ import pytest
 from PIL import Image
 
 from basebn.data import DataError, ImageFolder, build_dataset, build_loader
-from basebn.data import image_folder as image_folder_module
+from basebn.data import folder_scan as folder_scan_module
 from tests.support.image_folder import write_image_folder
 
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("BASEBN_DATA_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(image_folder_module, "_SCANNED", {})
+    monkeypatch.setattr(folder_scan_module, "_SCANNED", {})
     return tmp_path / "cache"
 
 
@@ -68,9 +68,9 @@ def test_file_list_is_scanned_once_and_rescanned_when_a_folder_changes(tmp_path,
     first = ImageFolder(root, train=True)
     assert len(os.listdir(cache)) == 1  # one JSON per split directory
     walks = []
-    real_walk = image_folder_module._walk
-    monkeypatch.setattr(image_folder_module, "_walk", lambda d: walks.append(d) or real_walk(d))
-    monkeypatch.setattr(image_folder_module, "_SCANNED", {})  # a new process: only the disk cache
+    real_walk = folder_scan_module._walk
+    monkeypatch.setattr(folder_scan_module, "_walk", lambda d, *a: walks.append(d) or real_walk(d, *a))
+    monkeypatch.setattr(folder_scan_module, "_SCANNED", {})  # a new process: only the disk cache
     again = ImageFolder(root, train=True)
     assert walks == [] and again.paths == first.paths and again.labels.tolist() == first.labels.tolist()
     new = os.path.join(root, "train", "dog", "new.png")

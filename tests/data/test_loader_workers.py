@@ -2,6 +2,7 @@
 per-sample recipe), errors and dead workers reported, workers released."""
 import os
 import signal
+import time
 
 import cv2
 import numpy as np
@@ -193,3 +194,21 @@ def test_workers_forked_after_cv2_used_its_thread_pool(folder):
     assert len(list(loader)) == 5  # completes (the alarm fixture fails a hang)
     assert cv2.getNumThreads() == threads  # the parent keeps its own setting
     loader.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_a_worker_that_died_before_its_next_task_is_reported_in_one_line(folder, sig):
+    """Handing a task to a dead worker raised BrokenPipeError (a 30-line traceback through the CLI)."""
+    cfg = dict(name="imagefolder", root=folder, image_size=16, num_workers=2, prefetch=1)
+    loader = build_loader(cfg, build_dataset(cfg, train=True), 1, train=True, seed=0)
+    loader.set_epoch(0)
+    it = iter(loader)
+    next(it)  # batch 0 came from worker 0, whose next task (batch 2) is sent when batch 1 is asked for
+    victim = loader.worker_pids[0]
+    os.kill(victim, sig)
+    while open(f"/proc/{victim}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":  # dead: its pipe end closed
+        time.sleep(0.01)
+    with pytest.raises(DataError, match=rf"worker 0 \(pid {victim}\) was killed by {sig.name}.*num_workers"):
+        for _ in it:
+            pass
+    assert loader.worker_pids == []

@@ -1,6 +1,7 @@
 """python -m basebn.deploy and basebn.test --backend on the tiny synthetic config: files that the peer runtimes
 run like the eager model, top-1 through every backend equal to eager evaluation, one-line user errors."""
 import json
+import os
 import sys
 
 import numpy as np
@@ -65,12 +66,12 @@ def test_deploy_cli_without_onnx_names_the_extra(tiny, weights, tmp_path, capsys
     assert 'pip install -e ".[deploy]"' in _one_error_line(capsys)
 
 
-def test_deploy_cli_failed_verification_exits_2_and_removes_the_file(tiny, weights, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(deploy_cli, "max_abs_difference", lambda *a, **k: 0.5)
+def test_deploy_cli_failed_verification_exits_2_and_writes_nothing(tiny, weights, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(deploy_cli, "compare_with_eager", lambda *a, **k: (0.5, 1.0))
     out = tmp_path / "m.mge"
     assert deploy_main([tiny, "-w", weights, "--format", "mge", "-o", str(out), "--verify"]) == 2
     assert "verification failed: max abs difference 0.5" in _one_error_line(capsys)
-    assert not out.exists()
+    assert sorted(os.listdir(tmp_path)) == ["tiny.py", "w.npz"]  # no file, no temp folder left
 
 
 def test_test_backends_give_the_eager_metrics(tiny, weights, tmp_path):

@@ -8,7 +8,7 @@ import megengine.optimizer as optim
 from megengine.amp import GradScaler
 from megengine.autodiff import GradManager
 
-from basebn.config import BaseConfig
+from basebn.engine.losses import CrossEntropyLoss
 from basebn.engine.trainer import ClsTrainer
 
 N, D, C = 8, 5, 3
@@ -45,13 +45,11 @@ def _ce_grad(w, b, x, y):
 
 
 def _trainer(batches, scaler, accum, lr=0.1):
-    cfg = BaseConfig()
-    cfg.solver.accumulation_steps = accum
-    cfg.bn.efficient_conv_bn_eval = False
     model = M.Linear(D, C)
     opt = optim.SGD(model.parameters(), lr=lr)
     gm = GradManager().attach(model.parameters())
-    return ClsTrainer(cfg, model, Batches(batches), opt, gm, hooks=[], grad_scaler=scaler), model
+    return ClsTrainer(model, Batches(batches), opt, gm, CrossEntropyLoss(), hooks=[], grad_scaler=scaler,
+                      accumulation_steps=accum), model
 
 
 def _reference(w, b, batches, accum, lr=0.1):

@@ -5,10 +5,9 @@ import types
 import megengine.module as M
 import megengine.optimizer as optim
 from loguru import logger
-from megengine.autodiff import GradManager
 
 from basebn.config import load_config
-from basebn.engine.trainer import ClsTrainer
+from basebn.engine.build import build_trainer
 
 
 def make_trainer(tmp_path):
@@ -16,8 +15,7 @@ def make_trainer(tmp_path):
     cfg_file.write_text("from basebn.config import BaseConfig\nclass Cfg(BaseConfig):\n    pass\n")
     model = M.Linear(3, 4)
     loader = types.SimpleNamespace(num_workers=3, __len__=lambda: 3)
-    t = ClsTrainer(load_config(str(cfg_file)), model, [None] * 3, optim.SGD(model.parameters(), lr=0.1),
-                   GradManager().attach(model.parameters()))
+    t = build_trainer(load_config(str(cfg_file)), model, [None] * 3, optim.SGD(model.parameters(), lr=0.1))
     t.dataloader = loader
     return t
 

@@ -1,4 +1,4 @@
-"""engine/state.py, the one owner of training state: what a checkpoint captures is what resume restores
+"""engine/training_state.py, the one owner of training state: what a checkpoint captures is what resume restores
 (model, optimizer, EMA, grad scaler, progress, best, metrics, RNG), checked against values set by hand."""
 import random
 from types import SimpleNamespace
@@ -9,13 +9,13 @@ import pytest
 import megengine as mge
 import megengine.module as M
 import megengine.optimizer as optim
-from megengine.autodiff import GradManager
 
 from basebn.checkpoint import CheckpointError, final_payload, load_checkpoint, save_checkpoint
 from basebn.config import load_config
+from basebn.engine.build import build_trainer
 from basebn.engine.ema import ModelEMA
-from basebn.engine.state import capture_training_state, restore_training_state
-from basebn.engine.trainer import ClsTrainer
+from basebn.engine.run_record import RunRecord
+from basebn.engine.training_state import capture_training_state, restore_training_state
 
 W = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
 G = np.full((4, 3), 0.25, np.float32)  # the gradient of the one step taken
@@ -27,7 +27,7 @@ def make_trainer(seed):
     opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return SimpleNamespace(model=model, optimizer=opt, ema=ModelEMA(model, momentum=0.5),
                            grad_scaler=mge.amp.GradScaler(), progress=SimpleNamespace(epoch=1),
-                           best_top1=None, best_epoch=None, last_metrics=None,
+                           record=RunRecord(),
                            cfg=SimpleNamespace(to_dict=lambda: {"solver": {"max_epoch": 5}}))
 
 
@@ -40,8 +40,8 @@ def trained_trainer():
     t.optimizer.param_groups[0]["lr"] = 0.025
     t.ema.copy_from(t.model)
     t.grad_scaler.scale_factor, t.grad_scaler._growth_tracker = 512.0, 7
-    t.progress.epoch, t.best_top1, t.best_epoch = 3, 71.25, 2
-    t.last_metrics = {"epoch": 3, "top1": 70.5}
+    t.progress.epoch, t.record.best_top1, t.record.best_epoch = 3, 71.25, 2
+    t.record.last_metrics = {"epoch": 3, "top1": 70.5}
     return t
 
 
@@ -64,7 +64,8 @@ def test_capture_then_restore_through_a_file(tmp_path):
     buffers = [s["momentum_buffer"] for s in state["state"].values()]
     assert any(np.array_equal(b, G) for b in buffers)
     assert fresh.grad_scaler.scale_factor == 512.0 and fresh.grad_scaler._growth_tracker == 7
-    assert (fresh.best_top1, fresh.best_epoch, fresh.last_metrics) == (71.25, 2, {"epoch": 3, "top1": 70.5})
+    assert (fresh.record.best_top1, fresh.record.best_epoch, fresh.record.last_metrics) == (
+        71.25, 2, {"epoch": 3, "top1": 70.5})
     np.testing.assert_array_equal(np.random.rand(3), expected_np)
     assert random.random() == expected_py
 
@@ -80,6 +81,5 @@ def test_trainer_declares_its_evaluation_state(tmp_path):
     cfg_file = tmp_path / "c.py"
     cfg_file.write_text("from basebn.config import BaseConfig\nclass Cfg(BaseConfig):\n    pass\n")
     model = M.Linear(3, 4)
-    t = ClsTrainer(load_config(str(cfg_file)), model, [None] * 3, optim.SGD(model.parameters(), lr=0.1),
-                   GradManager().attach(model.parameters()))
-    assert (t.best_top1, t.best_epoch, t.last_metrics) == (None, None, None)
+    t = build_trainer(load_config(str(cfg_file)), model, [None] * 3, optim.SGD(model.parameters(), lr=0.1))
+    assert (t.record.best_top1, t.record.best_epoch, t.record.last_metrics) == (None, None, None)

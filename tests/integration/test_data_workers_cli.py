@@ -11,7 +11,7 @@ import pytest
 from basebn.config import load_config
 from tests.support import ROOT
 from tests.support.cli import PY, metrics, run
-from tests.support.image_folder import folder_config, write_image_folder
+from tests.support.image_folder import folder_config, write_corrupt_png, write_image_folder
 
 
 @pytest.fixture
@@ -93,8 +93,48 @@ def test_imagenet_recipe_runs_two_iterations_on_a_tiny_folder(tmp_path, env):
     root = str(tmp_path / "imagenet")
     write_image_folder(root, per_class=2, size_range=(40, 90))
     r = run(["basebn.train", "configs/imagenet_resnet50.py", f"data.root={root}", f"output_dir={tmp_path / 'run'}",
-             "batch_size=2", "data.image_size=32", "data.max_train_samples=4", "data.max_test_samples=2",
+             "num_classes=3", "batch_size=2",
+             "data.image_size=32", "data.max_train_samples=4", "data.max_test_samples=2",
              "data.num_workers=1", "solver.max_epoch=1", "solver.warmup_epochs=0", "log_every_n_iter=1"], env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "iter 2/2" in r.stderr
     assert [m["epoch"] for m in metrics(str(tmp_path / "run"))] == [1]
+
+
+def test_a_killed_worker_ends_the_run_with_one_line(tmp_path, env):
+    cfg, _ = folder_config(tmp_path)
+    proc = start(cfg, tmp_path / "run", env, "solver.max_epoch=100")
+    try:
+        deadline = time.time() + 120
+        workers = []
+        while len(workers) < 2:
+            assert time.time() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.2)
+            workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        os.kill(workers[0], signal.SIGKILL)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert f"error: data loader worker 0 (pid {workers[0]}) was killed by SIGKILL" in err.strip().splitlines()[-1]
+
+
+def test_skip_bad_images_warns_each_epoch_and_a_bad_val_image_stops_before_training(tmp_path, env):
+    cfg, root = folder_config(tmp_path)
+    open(os.path.join(root, "train", "dog", "1.png"), "wb").close()  # an empty file
+    write_corrupt_png(os.path.join(root, "val", "emu", "5.png"))  # found only when decoded
+    r = run(["basebn.train", cfg, f"output_dir={tmp_path / 'run'}", "data.skip_bad_images=True"], env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for epoch in (1, 2):
+        assert f"replaced by other samples 1 time(s) in epoch {epoch} " in r.stderr, r.stderr[-3000:]
+        assert f"1 unreadable image(s) left out of the evaluation after epoch {epoch} " in r.stderr
+    assert [m["images"] for m in metrics(str(tmp_path / "run"))] == [17, 17]  # 18 val images, one left out
+    jpeg = open(os.path.join(root, "val", "cat", "0.jpg"), "rb").read()
+    with open(os.path.join(root, "val", "cat", "0.jpg"), "wb") as f:
+        f.write(jpeg[:len(jpeg) // 2])  # truncated
+    r = run(["basebn.train", cfg, f"output_dir={tmp_path / 'run2'}"], env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "0.jpg: truncated JPEG" in r.stderr.strip().splitlines()[-1]
+    assert " iter " not in r.stderr  # found before the first training iteration

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from basebn.layers import bn_ops
+from basebn.layers import kernel_build, kernel_library
 from tests.support import ROOT
 
 _NOT_SOURCES = (".git", ".venv", "runs", "build", "*.egg-info", "__pycache__", "*.pyc", ".pytest_cache", ".cache",
@@ -20,12 +20,12 @@ _NOT_SOURCES = (".git", ".venv", "runs", "build", "*.egg-info", "__pycache__", "
 PROBE = """
 import json, os
 import basebn
-from basebn.layers import bn_ops
-src = bn_ops.kernel_source_dir()
-spec = bn_ops.kernel_build_spec(False)
+from basebn.layers import bn_ops, kernel_build, kernel_library
+src = kernel_build.kernel_source_dir()
+spec = kernel_build.kernel_build_spec(False)
 print(json.dumps({"package": os.path.dirname(basebn.__file__), "sources": src,
                   "files": sorted(os.listdir(src)), "build_dir": spec.build_dir, "backend": bn_ops.backend(),
-                  "conv": bn_ops.conv_kernel_available()}))
+                  "conv": kernel_library.conv_kernel_available()}))
 """
 
 
@@ -50,8 +50,8 @@ def test_installed_package_finds_its_kernels(tmp_path):
     assert info["sources"] == str(site / "basebn" / "kernels")
     assert {"bn_ops.cpp", "bn_cpu.cpp", "bn_cuda.cu", "bn_kernels.h", "bn_math.h", "strided_copy.h", "queued_work.h", "conv_dnnl.cpp"} <= set(info["files"])
     # same sources and flags: same cache key as the source tree's, so the cached build is reused
-    assert info["build_dir"] == bn_ops.kernel_build_spec(False).build_dir
-    if bn_ops.kernel_available():
+    assert info["build_dir"] == kernel_build.kernel_build_spec(False).build_dir
+    if kernel_library.kernel_available():
         assert info["backend"] == "kernel"
-    if bn_ops.conv_kernel_available():  # the installed copy's library holds the conv ops too
+    if kernel_library.conv_kernel_available():  # the installed copy's library holds the conv ops too
         assert info["conv"]

@@ -88,6 +88,7 @@ def test_test_cli_rejects_other_architecture_and_corrupt_file(tiny, tmp_path):
 def test_zoo_export_then_evaluate_and_finetune_from_entry(tiny, tmp_path):
     run_dir, zoo_dir = str(tmp_path / "run"), tmp_path / "zoo"
     zoo_dir.mkdir()
+    tiny = shutil.copy(tiny, zoo_dir / "tiny.py")  # an entry's config lives in its zoo folder
     env = {"BASEBN_ZOO": str(zoo_dir)}
     assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
     r = run(["basebn.tools.zoo_export", run_dir, "tiny_r20", "--config", tiny, "--command", "test"],
@@ -290,12 +291,13 @@ def test_export_refuses_a_malformed_zoo_index_and_leaves_it(reference, tmp_path)
 
 @pytest.mark.parametrize("name", ["mbnetv2_x035", "regnetx_002"])
 def test_other_model_families_train_and_evaluate_from_the_cli(tiny, tmp_path, name):
-    """model.name takes any family: the ResNet-only keys (stem, base_width) are not passed to it."""
+    """model.name takes any family (the tiny config's ResNet-only base_width reset: other families refuse it)."""
     run_dir = str(tmp_path / "run")
-    r = run(["basebn.train", tiny, f"model.name={name}", "data.image_size=16", "solver.max_epoch=1",
-             f"output_dir={run_dir}"])
+    r = run(["basebn.train", tiny, f"model.name={name}", "model.base_width=None", "data.image_size=16",
+             "solver.max_epoch=1", f"output_dir={run_dir}"])
     assert r.returncode == 0, r.stderr[-2000:]
     (row,) = metrics(run_dir)
     assert row["epoch"] == 1 and row["images"] == 37
-    r = run(["basebn.test", tiny, f"model.name={name}", "data.image_size=16", "-w", run_dir, "--json"])
+    r = run(["basebn.test", tiny, f"model.name={name}", "model.base_width=None", "data.image_size=16", "-w", run_dir,
+             "--json"])
     assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["top1"] == pytest.approx(row["top1"])

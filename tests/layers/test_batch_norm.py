@@ -13,7 +13,7 @@ from megengine.autodiff import GradManager
 from megengine.jit import trace
 
 from basebn.engine.optimizer import param_groups
-from basebn.layers import bn_ops
+from basebn.layers import bn_ops, kernel_library
 from basebn.layers.batch_norm import BatchNorm2d
 from basebn.layers.norm import build_norm, has_running_stats, is_bn, is_bn2d, is_sync_bn, uses_running_stats
 
@@ -22,7 +22,7 @@ EPS = 1e-5
 
 def _backends():
     return [pytest.param("fallback"),
-            pytest.param("kernel", marks=pytest.mark.skipif("not bn_ops.kernel_available()",
+            pytest.param("kernel", marks=pytest.mark.skipif("not kernel_library.kernel_available()",
                                                              reason="bn_ops kernels unavailable here"))]
 
 

@@ -13,7 +13,7 @@ import megengine as mge
 import megengine.functional as F
 
 import basebn
-from basebn.layers import bn_ops
+from basebn.layers import bn_ops, kernel_build, kernel_library
 from tests.support.bn_ops import failed_kernel_build, forced_strided_kernels
 
 BACKENDS = ["kernel", "fallback"]
@@ -22,8 +22,8 @@ BACKENDS = ["kernel", "fallback"]
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     name = request.param
-    if name == "kernel" and not bn_ops.kernel_available():
-        pytest.skip(f"BN kernels unavailable: {bn_ops.kernel_error()}")
+    if name == "kernel" and not kernel_library.kernel_available():
+        pytest.skip(f"BN kernels unavailable: {kernel_library.kernel_error()}")
     with bn_ops.use_backend(name):
         assert bn_ops.backend() == name
         yield name
@@ -304,7 +304,7 @@ def test_backend_env_var(monkeypatch):
     with pytest.raises(ValueError):
         bn_ops.backend()
     monkeypatch.setenv("BASEBN_BN_BACKEND", "auto")
-    assert bn_ops.backend() == ("kernel" if bn_ops.kernel_available() else "fallback")
+    assert bn_ops.backend() == ("kernel" if kernel_library.kernel_available() else "fallback")
     with bn_ops.use_backend("fallback"):  # the context manager wins over the environment
         monkeypatch.setenv("BASEBN_BN_BACKEND", "kernel")
         assert bn_ops.backend() == "fallback"
@@ -313,9 +313,9 @@ def test_backend_env_var(monkeypatch):
 def test_forced_kernel_build_failure_raises_and_auto_warns_once():
     messages = []
     with failed_kernel_build("RuntimeError: simulated compile error"):
-        assert not bn_ops.kernel_available() and "simulated" in bn_ops.kernel_error()
+        assert not kernel_library.kernel_available() and "simulated" in kernel_library.kernel_error()
         with bn_ops.use_backend("kernel"):
-            with pytest.raises(bn_ops.KernelUnavailableError, match="simulated compile error"):
+            with pytest.raises(kernel_library.KernelUnavailableError, match="simulated compile error"):
                 bn_ops.backend()
         sink = logger.add(lambda m: messages.append(str(m)), level="WARNING")
         try:
@@ -330,13 +330,13 @@ def test_forced_kernel_build_failure_raises_and_auto_warns_once():
 
 
 def test_kernel_cache_is_keyed_by_source_hash():
-    if not bn_ops.kernel_available():
-        pytest.skip(f"BN kernels unavailable: {bn_ops.kernel_error()}")
-    library = bn_ops.kernel_library()
+    if not kernel_library.kernel_available():
+        pytest.skip(f"BN kernels unavailable: {kernel_library.kernel_error()}")
+    library = kernel_library.kernel_library()
     path = library["path"]
-    assert path.startswith(bn_ops.kernel_cache_root())
-    spec = bn_ops.kernel_build_spec(library["cuda"])
+    assert path.startswith(kernel_build.kernel_cache_root())
+    spec = kernel_build.kernel_build_spec(library["cuda"])
     assert path.startswith(spec.build_dir)
     # the sources live inside the installed package, and the key changes with them
-    assert all(p.startswith(bn_ops.kernel_source_dir()) for p in spec.sources + spec.headers)
-    assert os.path.dirname(bn_ops.kernel_source_dir()) == os.path.dirname(os.path.abspath(basebn.__file__))
+    assert all(p.startswith(kernel_build.kernel_source_dir()) for p in spec.sources + spec.headers)
+    assert os.path.dirname(kernel_build.kernel_source_dir()) == os.path.dirname(os.path.abspath(basebn.__file__))

@@ -14,19 +14,20 @@ import pytest
 from loguru import logger
 
 import megengine as mge
+import megengine.functional as F
 import megengine.optimizer as optim
 from megengine.autodiff import GradManager
 
 from basebn.layers import conv as conv_module
 from basebn.layers import conv_ops
-from basebn.layers.bn_ops import KernelUnavailableError, build
+from basebn.layers import kernel_build, kernel_library
 from basebn.layers.conv import Conv2d, conv2d, fast_cpu_weight_grad
 from basebn.models import build_model
 from tests.support import ROOT
 
 TOL = 1e-5
-pytestmark = pytest.mark.skipif(not build.conv_kernel_available(),
-                                reason=f"oneDNN conv ops unavailable: {build.conv_kernel_error()}")
+pytestmark = pytest.mark.skipif(not kernel_library.conv_kernel_available(),
+                                reason=f"oneDNN conv ops unavailable: {kernel_library.conv_kernel_error()}")
 
 
 def rel_err(a, b):
@@ -185,6 +186,24 @@ def test_only_recorded_gradients_are_computed(op_calls):
     assert op_calls == {"fwd": 2, "bwd-data": 0, "bwd-w": 1}
 
 
+@pytest.mark.parametrize("x_shape, w_shape, groups, padding, bias", [
+    ((2, 1, 8, 8), (4, 3, 3, 3), 1, 1, False),       # 1-channel images into a 3-channel stem
+    ((2, 4, 8, 8), (2, 2, 3, 3, 3), 2, 1, False),    # grouped weight expects 2 x 3 channels
+    ((2, 3, 2, 2), (4, 3, 5, 5), 1, 0, False),       # kernel larger than the image
+    ((2, 3, 8, 8), (4, 3, 3, 3), 1, 1, True),        # bias of another length
+])
+def test_bad_shapes_raise_as_megengine_conv_does(x_shape, w_shape, groups, padding, bias):
+    """The ops' C++ checks only log in a release build and the op returns garbage (seen: a 3-channel
+    ResNet on 1-channel images gave all-zero logits): each case must raise, as MegEngine's own conv does."""
+    x = mge.tensor(np.ones(x_shape, np.float32))
+    w = mge.tensor(np.ones(w_shape, np.float32))
+    b = mge.tensor(np.ones((1, 5, 1, 1), np.float32)) if bias else None
+    with pytest.raises(Exception):  # the reference: MegEngine refuses these shapes
+        F.conv2d(x, w, b, padding=padding, groups=groups).numpy()
+    with pytest.raises(ValueError, match="conv2d: "):
+        conv_ops.conv_forward(x, w, b, conv_ops.ConvGeometry((1, 1), (padding, padding), (1, 1), groups))
+
+
 def test_fast_path_off_is_plain_megengine(op_calls):
     """fast_cpu_weight_grad(False) (jit.trace, exporters) never reaches a custom op."""
     x, wd, b, rng = make_inputs(CASES["3x3"])
@@ -289,7 +308,7 @@ def test_fallback_without_onednn_warns_once(monkeypatch, op_calls):
             y, dx, dw, _ = run_case(case, x, wd, b, dy)
             assert rel_err(y, y_ref) <= TOL and rel_err(dx, dx_ref) <= TOL and rel_err(dw, dw_ref) <= TOL
         monkeypatch.setenv("BASEBN_CONV_BACKEND", "dnnl")
-        with pytest.raises(KernelUnavailableError, match="simulated: no oneDNN"):
+        with pytest.raises(kernel_library.KernelUnavailableError, match="simulated: no oneDNN"):
             conv2d(mge.tensor(x), mge.tensor(wd.reshape(2, 3, 2, 3, 3)), None, 2, 1, 1, 2)
     finally:
         logger.remove(sink)
@@ -299,11 +318,11 @@ def test_fallback_without_onednn_warns_once(monkeypatch, op_calls):
 
 PROBE = """
 import numpy as np, megengine as mge
-from basebn.layers import bn_ops
+from basebn.layers import bn_ops, kernel_library
 from basebn.layers.conv import conv2d
 y = conv2d(mge.tensor(np.ones((1, 2, 4, 4), np.float32)), mge.tensor(np.ones((3, 2, 3, 3), np.float32)), padding=1)
-print("RESULT", bn_ops.backend(), bn_ops.conv_kernel_available(), float(y.numpy()[0, 0, 1, 1]),
-      bn_ops.conv_kernel_error().replace("\\n", " "))
+print("RESULT", bn_ops.backend(), kernel_library.conv_kernel_available(), float(y.numpy()[0, 0, 1, 1]),
+      kernel_library.conv_kernel_error().replace("\\n", " "))
 """
 
 
@@ -326,8 +345,8 @@ def test_failed_onednn_build_keeps_bn_kernels(tmp_path):
     """conv_dnnl.cpp that does not compile: the BN-only library is built, and the failure is recorded once."""
     src = tmp_path / "kernels"
     src.mkdir()
-    for f in os.listdir(build.kernel_source_dir()):
-        text = open(os.path.join(build.kernel_source_dir(), f)).read()
+    for f in os.listdir(kernel_build.kernel_source_dir()):
+        text = open(os.path.join(kernel_build.kernel_source_dir(), f)).read()
         (src / f).write_text(text + ("\n#error simulated oneDNN build failure\n" if f == "conv_dnnl.cpp" else ""))
     env = dict(os.environ, BASEBN_KERNEL_DIR=str(src), BASEBN_KERNEL_CACHE=str(tmp_path / "cache"), PYTHONPATH=ROOT)
     env.pop("BASEBN_ONEDNN_ROOT", None)

@@ -14,7 +14,7 @@ import megengine.module as M
 from megengine.autodiff import GradManager
 
 import basebn.distributed as dist
-from basebn.layers import bn_ops
+from basebn.layers import bn_ops, kernel_library
 from basebn.layers.batch_norm import BatchNorm2d
 from basebn.layers.convert import convert_sync_batchnorm, revert_sync_batchnorm
 from basebn.layers.sync_bn import SyncBatchNorm
@@ -54,7 +54,7 @@ def close(a, b, tol=2e-5):
 def _backends():
     out = [pytest.param("fallback")]
     out.append(pytest.param("kernel", marks=pytest.mark.skipif(
-        "not bn_ops.kernel_available()",
+        "not kernel_library.kernel_available()",
         reason="bn_ops kernels unavailable here")))
     return out
 

@@ -29,7 +29,7 @@ from basebn.layers import (
     update_bn_stats,
 )
 from basebn.layers.norm import is_bn, is_norm
-from basebn.models import build_model, model_info
+from basebn.models import MODELS, ZERO_INIT_FAMILIES, build_model, model_info
 from basebn.models.repvgg import RepVGGBlock
 from basebn.models.weight_init import last_norms
 from basebn.models.wide_resnet import WideBasicBlock
@@ -59,8 +59,8 @@ REPRESENTATIVES = {
     "hrnet": ("hrnet_w18_small_v1", dict(w_stem=16, stage_channels=[[8], [8, 16], [8, 16, 32], [8, 16, 32, 64]],
                                          merge_channels=(8, 16, 32, 64), head_width=64), 32),  # narrowed
 }
-ZERO_INIT_FAMILIES = {"cifar_resnet", "resnet", "resnet_basecls", "regnetx", "regnety", "mbnetv2", "mbnetv3", "effnet",
-                      "effnet_lite", "effnetv2", "hrnet"}
+ZERO_INIT_FAMILIES_EXPECTED = {"cifar_resnet", "resnet", "resnet_basecls", "regnetx", "regnety", "mbnetv2", "mbnetv3",
+                               "effnet", "effnet_lite", "effnetv2", "hrnet"}
 
 
 def expected_conv_bn_pairs(family, model):
@@ -231,7 +231,7 @@ def test_efficient_conv_bn_gradients_equal_plain(family):
     assert_same_eval_gradients(model, plain, x, head)
 
 
-@pytest.mark.parametrize("family", sorted(ZERO_INIT_FAMILIES))
+@pytest.mark.parametrize("family", sorted(ZERO_INIT_FAMILIES_EXPECTED))
 def test_zero_init_residual(family):
     name, kwargs, _ = REPRESENTATIVES[family]
     model = build_model(name, num_classes=10, zero_init_residual=True, **kwargs)
@@ -243,3 +243,27 @@ def test_zero_init_residual(family):
     default = build_model(name, num_classes=10, **kwargs)
     zero_by_default = family in ("cifar_resnet", "resnet")  # basebn's ResNet zero-inits by default; basecls's do not
     assert all(np.all(n.weight.numpy() == 0) == zero_by_default for n in last_norms(default))
+
+
+# the documented BN defaults (README "Models"): 0.9 / 1e-5, except the EfficientNets and MobileNetV3
+PAPER_BN_DEFAULTS = {"effnet": (0.99, 1e-3), "effnet_lite": (0.99, 1e-3), "effnetv2": (0.99, 1e-3),
+                     "mbnetv3": (0.99, 1e-3)}
+
+
+@pytest.mark.parametrize("family", list(REPRESENTATIVES))
+def test_constructors_fill_in_their_bn_defaults_for_none(family):
+    """bn_momentum/bn_eps None reach every constructor unfiltered (MODELS, not build_model) and mean the
+    family's default: norm_factory is the one place that maps None."""
+    name, kwargs, _ = REPRESENTATIVES[family]
+    model = MODELS[name](num_classes=10, bn_momentum=None, bn_eps=None, **kwargs)
+    momentum, eps = PAPER_BN_DEFAULTS.get(family, (0.9, 1e-5))
+    bns = [m for m in model.modules() if is_bn(m)]
+    assert bns and all(m.momentum == momentum and m.eps == eps for m in bns)
+
+
+def test_zero_init_families_table_matches_the_models():
+    """models.ZERO_INIT_FAMILIES (what model.zero_init_residual applies to) is exactly the families whose built
+    models have residual blocks ending in a norm."""
+    assert set(ZERO_INIT_FAMILIES) == ZERO_INIT_FAMILIES_EXPECTED
+    for family, (name, kwargs, _) in REPRESENTATIVES.items():
+        assert bool(last_norms(build_model(name, num_classes=10, **kwargs))) == (family in ZERO_INIT_FAMILIES), family

@@ -1,10 +1,12 @@
-"""Test-only controls of basebn.layers.bn_ops: the two knobs tests need that users never do.
+"""Test-only controls of the BN kernels (basebn.layers.bn_ops, basebn.layers.kernel_library): the two knobs
+tests need that users never do.
 
-This module is the one place that touches bn_ops' private state.
+This module is the one place that touches their private state.
 """
 import contextlib
 
-from basebn.layers.bn_ops import build, kernel
+from basebn.layers import kernel_library
+from basebn.layers.bn_ops import kernel
 
 
 @contextlib.contextmanager
@@ -21,9 +23,9 @@ def forced_strided_kernels(enabled=True):
 @contextlib.contextmanager
 def failed_kernel_build(error):
     """Pretend this process's kernel build failed with ``error`` (nothing is built or unloaded)."""
-    prev = build._state
-    build._state = build._LoadState(tried=True, error=error)
+    prev = kernel_library._state
+    kernel_library._state = kernel_library._LoadState(tried=True, error=error)
     try:
         yield
     finally:
-        build._state = prev
+        kernel_library._state = prev

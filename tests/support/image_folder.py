@@ -44,3 +44,13 @@ def folder_config(tmp_path, **write_kw):
     with open(path, "w") as f:
         f.write(FOLDER_CONFIG.format(root=root))
     return path, root
+
+
+def write_corrupt_png(path, seed=0):
+    """A PNG whose header and IEND end are intact but whose image data is damaged: only decoding finds it."""
+    img = np.random.default_rng(seed).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    data = bytearray(cv2.imencode(".png", img)[1].tobytes())
+    start = data.find(b"IDAT") + 40
+    data[start:start + 40] = bytes(b ^ 0x5A for b in data[start:start + 40])
+    with open(path, "wb") as f:
+        f.write(bytes(data))

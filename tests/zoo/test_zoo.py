@@ -126,13 +126,15 @@ def _bad_weights(folder):
 
 
 def _write_bad_zoo(tmp_path):
-    """A zoo of broken weights files (sha256 right) plus an entry without sha256."""
+    """A zoo of broken weights files (sha256 right) plus an entry without sha256; the config tiny.py (when it
+    exists) is recorded with its hash."""
+    config_sha = {"tiny.py": _sha(tmp_path / "tiny.py")} if (tmp_path / "tiny.py").exists() else None
     entries = []
     for name, (data, _) in _bad_weights(tmp_path).items():
         (tmp_path / f"{name}.npz").write_bytes(data)
-        entries.append({"name": name, "config": "tiny.py", "weights": f"{name}.npz",
+        entries.append({"name": name, "config": "tiny.py", "config_sha256": config_sha, "weights": f"{name}.npz",
                         "sha256": _sha(tmp_path / f"{name}.npz")})
-    entries.append({"name": "nosha", "config": "tiny.py", "weights": "pickled.npz"})
+    entries.append({"name": "nosha", "config": "tiny.py", "config_sha256": config_sha, "weights": "pickled.npz"})
     _write_zoo(tmp_path, entries)
 
 
@@ -175,15 +177,19 @@ def test_custom_zoo_configs_are_relative_to_the_zoo_folder(tmp_path, monkeypatch
     (folder / "cfgs" / "tiny.py").write_text(TINY)
     (tmp_path / "cfgs").mkdir()
     (tmp_path / "cfgs" / "other.py").write_text(TINY)  # next to the zoo folder: never looked at
-    _write_zoo(folder, [{"name": "a", "config": "cfgs/tiny.py", "weights": "a.npz", "sha256": "0" * 64},
-                        {"name": "b", "config": "cfgs/other.py", "weights": "b.npz", "sha256": "0" * 64},
-                        {"name": "c", "config": str(tmp_path / "cfgs" / "other.py"), "weights": "c.npz",
-                         "sha256": "0" * 64}])
+    hashes = {"cfgs/tiny.py": _sha(folder / "cfgs" / "tiny.py")}
+    _write_zoo(folder, [{"name": "a", "config": "cfgs/tiny.py", "config_sha256": hashes, "weights": "a.npz",
+                         "sha256": "0" * 64},
+                        {"name": "b", "config": "cfgs/other.py", "config_sha256": hashes, "weights": "b.npz",
+                         "sha256": "0" * 64},
+                        {"name": "c", "config": str(tmp_path / "cfgs" / "other.py"), "config_sha256": hashes,
+                         "weights": "c.npz", "sha256": "0" * 64}])
     monkeypatch.setenv("BASEBN_ZOO", str(folder))
     assert zoo.zoo_config_source("a") == (str(folder / "cfgs" / "tiny.py"), [])
-    with pytest.raises(ZooError, match="relative to the BASEBN_ZOO folder"):
+    with pytest.raises(ZooError, match="not found"):
         zoo.zoo_config_source("b")
-    assert zoo.zoo_config_source("c")[0] == str(tmp_path / "cfgs" / "other.py")  # absolute: as is
+    with pytest.raises(ZooError, match="outside"):  # an absolute path elsewhere is refused
+        zoo.zoo_config_source("c")
 
 
 def test_package_arrows_point_one_way():

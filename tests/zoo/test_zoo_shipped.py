@@ -12,6 +12,7 @@ from basebn.data.idx import FASHION_MNIST_DEFAULT_ROOT
 from basebn.engine.build import build_model_from_cfg, zoo_config
 from basebn.models import load_weights, read_weights
 from basebn.tools.zoo_export import build_parser
+from basebn.zoo.config_files import config_closure
 
 REQUIRED = ("name", "config", "weights", "sha256", "top1", "top5", "dataset", "command")
 ENTRIES = zoo.list_entries()
@@ -53,6 +54,19 @@ def test_shipped_configs_resolve_in_the_repository(repo_root, monkeypatch):
     monkeypatch.delenv("BASEBN_ZOO", raising=False)
     for e in ENTRIES:
         assert zoo.entry_config_path(e) == os.path.join(repo_root, e["config"])
+
+
+def test_every_entry_records_the_hashes_of_the_configs_it_runs(repo_root, monkeypatch):
+    """config_sha256 covers the entry's config and every config it derives from, with the files' own sha256."""
+    monkeypatch.delenv("BASEBN_ZOO", raising=False)
+    for e in ENTRIES:
+        config = os.path.join(repo_root, e["config"])
+        assert sorted(e["config_sha256"]) == sorted(config_closure(config, repo_root)), e["name"]
+        for key, sha in e["config_sha256"].items():
+            with open(os.path.join(repo_root, key), "rb") as f:
+                assert hashlib.sha256(f.read()).hexdigest() == sha, (e["name"], key)
+    finetune = next(e for e in ENTRIES if e["config"] == "configs/fmnist_finetune.py")
+    assert "configs/fmnist_resnet20.py" in finetune["config_sha256"]  # the config it derives from
 
 
 def test_zoo_file_given_as_a_path_loads(repo_root):

@@ -7,7 +7,7 @@ import contextlib
 import os
 import threading
 
-from .build import KernelUnavailableError, kernel_error, load_kernels
+from ..kernel_library import KernelUnavailableError, kernel_error, load_kernels
 
 __all__ = ["BACKENDS", "requested_backend", "use_backend", "backend"]
 

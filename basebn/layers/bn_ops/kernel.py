@@ -1,17 +1,15 @@
-"""Launch the compiled BN ops (see :mod:`.build`), after making their inputs safe to read.
+"""Launch the compiled BN ops (in :mod:`basebn.layers.kernel_library`), after making their inputs safe to read.
 
-MegEngine 1.13 runs a CPU custom op without waiting for the CPU comp node's queue, so
-:func:`ready` either relies on the kernels' own ``sync_all()`` or drains the queue first.
+:func:`ready` says whether the kernels can take a tensor and, on CPU, waits for its producers
+(:func:`basebn.layers.kernel_library.wait_for_inputs`).
 """
 import functools
 
-import megengine as mge
 from megengine.core._imperative_rt.core2 import apply
 from megengine.core.ops import custom
-from megengine.jit import tracing
 
+from ..kernel_library import KernelUnavailableError, load_kernels, wait_for_inputs
 from .backend import requested_backend
-from .build import KernelUnavailableError, load_kernels
 
 __all__ = ["ready", "stats", "normalize", "backward_reduce", "backward_elemt"]
 
@@ -19,24 +17,12 @@ __all__ = ["ready", "stats", "normalize", "backward_reduce", "backward_elemt"]
 _force_strided = False
 
 
-def _symbolic_tracing():
-    """Inside ``jit.trace(symbolic=True)`` (values do not exist yet; _dev_tensor() would crash)."""
-    if not tracing.is_tracing():
-        return False
-    tr = getattr(tracing.active_trace, "_trace", None)
-    return bool(getattr(tr, "symbolic", True))  # unknown: assume symbolic (the safe side)
-
-
 def ready(x, *others):
     """Can the kernels take ``x`` (and the per-channel ``others``) now? Waits for their producers if needed.
 
     False for empty tensors and for GPU tensors when the library has no CUDA part (raises
-    :class:`KernelUnavailableError` then if the kernel backend is forced).
-    Two races are avoided on CPU (both seen as wrong results): inputs still being written by queued
-    ops, and the asynchronous to-contiguous copy of non-contiguous inputs. When the library's
-    kernels call ``mgb::CompNode::sync_all()`` themselves (MegEngine 1.13 exports it; this also
-    covers compiled ``jit.trace`` graphs) nothing is done here; otherwise ``_dev_tensor()`` runs the
-    conversion now and ``_full_sync()`` drains the queue.
+    :class:`KernelUnavailableError` then if the kernel backend is forced). On CPU the inputs are
+    made safe to read first (:func:`basebn.layers.kernel_library.wait_for_inputs`).
     """
     if x.size == 0:
         return False
@@ -47,12 +33,7 @@ def ready(x, *others):
                 raise KernelUnavailableError("basebn BN kernels were built without CUDA")
             return False
         return True
-    if lib["self_sync"] or _symbolic_tracing():
-        return True
-    for t in (x,) + others:
-        if t is not None:
-            t._dev_tensor()
-    mge._full_sync()
+    wait_for_inputs(x, *others)
     return True
 
 

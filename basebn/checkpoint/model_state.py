@@ -1,4 +1,8 @@
-"""Model state <-> numpy dicts: model_state (portable, device-free) and load_model_state (says what does not fit)."""
+"""Model state <-> numpy dicts: model_state (portable, device-free) and load_model_state (says what does not fit).
+
+Not to be confused with basebn.engine.training_state (what a training checkpoint holds: model, optimizer,
+EMA, progress, ...): this module is the model-weights part only, shared by checkpoints, weights and the zoo.
+"""
 import numpy as np
 
 from .errors import CheckpointError

@@ -1,8 +1,9 @@
 """What a training checkpoint holds, and restoring it: the one owner of training state.
 
 capture_training_state(trainer) -> payload: model, EMA, optimizer, grad scaler (its numeric attributes),
-completed epoch, best_top1/best_epoch, the last metrics, numpy + python RNG state and the config.
-restore_training_state(trainer, payload, source) puts all of it back and returns the completed epoch.
+completed epoch, the run record (best_top1/best_epoch, the last metrics: engine/run_record.py), numpy +
+python RNG state and the config. restore_training_state(trainer, payload, source) puts all of it back and
+returns the completed epoch. (basebn.checkpoint.model_state is the model-weights part only.)
 """
 import random
 
@@ -26,9 +27,7 @@ def capture_training_state(trainer, epoch=None):
         "optimizer": optimizer_state(t.optimizer),
         "scaler": scaler_state(t.grad_scaler),
         "epoch": int(t.progress.epoch if epoch is None else epoch),
-        "best_top1": t.best_top1,
-        "best_epoch": t.best_epoch,
-        "metrics": t.last_metrics,
+        **t.record.state_dict(),  # best_top1, best_epoch, metrics
         "rng": {"numpy": np.random.get_state(), "python": random.getstate()},
         "config": t.cfg.to_dict(),
     }
@@ -48,9 +47,7 @@ def restore_training_state(trainer, ckpt, source="checkpoint"):
     if t.ema is not None and ckpt.get("ema"):
         t.ema.load_state_dict(ckpt["ema"])
     load_scaler_state(t.grad_scaler, ckpt.get("scaler"))
-    t.best_top1 = ckpt.get("best_top1")
-    t.best_epoch = ckpt.get("best_epoch")
-    t.last_metrics = ckpt.get("metrics")
+    t.record.load_state_dict(ckpt)
     np.random.set_state(ckpt["rng"]["numpy"])
     random.setstate(ckpt["rng"]["python"])
     return int(ckpt["epoch"])

@@ -1,13 +1,12 @@
-"""Build, cache and load the C++/CUDA BN kernels and the oneDNN conv ops (sources in ``basebn/kernels/``).
+"""What the custom-op library (:mod:`.kernel_library`) is built from, and where its build is cached.
 
-The library is compiled once per (sources, flags, MegEngine version, oneDNN) into
-``kernel_cache_root()/<hash>``; an flock serialises concurrent builds. Loading is tried once per
-process: :func:`load_kernels` remembers the library or the error. MegEngine loads one custom-op
-library per process, so the conv ops (``conv_dnnl.cpp``, when :func:`find_onednn` finds oneDNN) are
-compiled into the BN library; if that build fails, the BN-only library is built instead and the
-failure is recorded in its cache directory (``conv_kernel_error()``), so later processes skip it.
+Sources in ``basebn/kernels/`` (``$BASEBN_KERNEL_DIR``); the oneDNN conv ops (``conv_dnnl.cpp``) are
+compiled in when :func:`find_onednn` finds oneDNN and no build with it failed before; the CUDA part
+when a GPU and a toolkit are found (:func:`cuda_wanted`). :func:`kernel_build_spec` gives the
+:class:`KernelBuildSpec`, whose ``build_dir`` under :func:`kernel_cache_root` is keyed by the hash of
+the sources, headers, flags, MegEngine version, custom-op ABI and oneDNN root/version (not of this
+Python file). Nothing here compiles or loads anything.
 """
-import ctypes
 import glob
 import hashlib
 import os
@@ -16,47 +15,33 @@ import shutil
 import site
 import subprocess
 import sys
-import threading
 from typing import List, NamedTuple, Optional
 
-from loguru import logger
-
 import megengine as mge
-from megengine.core.ops import custom
 from megengine.core.ops.custom import get_custom_op_abi_tag
 from megengine.utils import custom_op_tools
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: builds are not locked across processes
-    fcntl = None
-
 __all__ = [
-    "KernelUnavailableError",
     "KernelBuildSpec",
-    "CUDA_ARCHS",
-    "OP_NAMES",
-    "CONV_OP_NAMES",
     "OneDNN",
+    "CUDA_ARCHS",
     "find_onednn",
+    "no_onednn_reason",
+    "record_onednn_build_failure",
     "kernel_source_dir",
     "kernel_cache_root",
     "kernel_build_spec",
     "nvcc_supported_archs",
     "find_cuda_root",
-    "load_kernels",
-    "kernel_library",
-    "kernel_available",
-    "kernel_error",
-    "conv_kernel_available",
-    "conv_kernel_error",
+    "cuda_wanted",
 ]
 
 _ENV_CACHE = "BASEBN_KERNEL_CACHE"
 _ENV_SOURCES = "BASEBN_KERNEL_DIR"
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # basebn/
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # basebn/
 _CPU_SOURCES = ("bn_ops.cpp", "bn_cpu.cpp")
-_CUDA_SOURCES = ("bn_cuda.cu",)
+_CUDA_SOURCES = ("bn_cuda.cu", "bn_cuda_launch.cu")  # the MegEngine glue, the standalone launchers
+_CUDA_HEADERS = ("bn_cuda_launch.h", "bn_cuda_kernels.cuh")  # (hashed in CUDA builds only)
 _HEADERS = ("bn_math.h", "bn_kernels.h", "strided_copy.h", "queued_work.h")
 _DNNL_SOURCES = ("conv_dnnl.cpp",)
 _LIB_NAME = "basebn_bn"
@@ -69,12 +54,6 @@ _CFLAGS = ("-O3", "-fopenmp-simd", "-DNDEBUG", "-pthread")
 _LDFLAGS = ("-pthread",)
 # oldest first; sm_70 (Volta) is gone from CUDA 13's nvcc, see tests/test_kernels_cuda_compile.py
 CUDA_ARCHS = ("70", "75", "80", "90")
-OP_NAMES = ("BasebnBnStats", "BasebnBnNormalize", "BasebnBnBackwardReduce", "BasebnBnBackwardElemt")
-CONV_OP_NAMES = ("BasebnConvFwd", "BasebnConvBwdData", "BasebnConvBwdFilter")  # only with oneDNN
-
-
-class KernelUnavailableError(RuntimeError):
-    """The BN kernels were requested explicitly but could not be built or loaded."""
 
 
 class KernelBuildSpec(NamedTuple):
@@ -137,6 +116,27 @@ def _searched_onednn_roots():
     return f"${_ENV_ONEDNN}={env}" if env else f"{sys.prefix} and {site.getuserbase()}"
 
 
+def no_onednn_reason(with_cuda):
+    """Why :func:`kernel_build_spec` (``onednn="auto"``) leaves the conv ops out: oneDNN not found, or
+    the failure recorded by :func:`record_onednn_build_failure` (or the conv source missing)."""
+    found = find_onednn()
+    if found is None:
+        return (f"oneDNN not found in {_searched_onednn_roots()} (pip install onednn-cpu-gomp "
+                f"onednn-devel-cpu-gomp, or set ${_ENV_ONEDNN})")
+    path = os.path.join(kernel_build_spec(with_cuda, onednn=found).build_dir, _DNNL_FAILED)
+    if not os.path.exists(path):
+        return "conv_dnnl.cpp is missing from the kernel sources"
+    with open(path) as f:
+        return f.read().strip() + f" (recorded in {path}; delete it to retry)"
+
+
+def record_onednn_build_failure(spec, reason):
+    """Record in ``spec``'s build directory that its oneDNN build failed: from then on
+    :func:`kernel_build_spec` gives the BN-only library (delete the record to retry)."""
+    with open(os.path.join(spec.build_dir, _DNNL_FAILED), "w") as f:
+        f.write(reason + "\n")
+
+
 def kernel_source_dir():
     """Directory of the kernel sources: ``$BASEBN_KERNEL_DIR``, else ``kernels/`` inside the installed package."""
     return os.environ.get(_ENV_SOURCES) or os.path.join(_PACKAGE_DIR, "kernels")
@@ -184,8 +184,11 @@ def find_cuda_root(nvcc=None):
     return None
 
 
-def _cuda_wanted():
-    """Build the CUDA part? (a GPU is visible, a toolkit is found, BASEBN_KERNEL_CUDA is not 0)."""
+def cuda_wanted():
+    """Build the CUDA part? (a GPU is visible, a toolkit is found, BASEBN_KERNEL_CUDA is not 0).
+
+    When it says yes, MegEngine's build tools are pointed at the toolkit found (:func:`find_cuda_root`).
+    """
     if os.environ.get("BASEBN_KERNEL_CUDA", "auto") == "0":
         return False
     try:
@@ -235,6 +238,7 @@ def kernel_build_spec(with_cuda, cuda_archs=CUDA_ARCHS, onednn=_AUTO):
     cuda_cflags = []
     if with_cuda:
         sources += [os.path.join(src_dir, f) for f in _CUDA_SOURCES]
+        headers += [os.path.join(src_dir, f) for f in _CUDA_HEADERS]
         cflags.append("-DBASEBN_WITH_CUDA")
         cuda_cflags = ["-O3", "-DBASEBN_WITH_CUDA", "-std=c++14"]
         archs = nvcc_supported_archs(os.path.join(custom_op_tools.CUDA_ROOT_DIR, "bin", "nvcc"), cuda_archs)
@@ -253,166 +257,3 @@ def kernel_build_spec(with_cuda, cuda_archs=CUDA_ARCHS, onednn=_AUTO):
     build_dir = os.path.join(kernel_cache_root(), h.hexdigest()[:16] + ("-cuda" if with_cuda else ""))
     return KernelBuildSpec(sources, headers, include_dirs, cflags, cuda_cflags, ldflags, with_cuda, build_dir,
                            onednn, _LIB_NAME if onednn is None else _DNNL_LIB_NAME)
-
-
-def _flock(f, lock):
-    if fcntl is not None:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX if lock else fcntl.LOCK_UN)
-
-
-def _compile(spec):
-    """Compile into ``spec.build_dir`` with MegEngine's ninja build; returns the library path."""
-    stale = os.path.join(spec.build_dir, "lock")
-    if os.path.exists(stale):  # the caller holds the flock: nobody else is building
-        os.remove(stale)
-    path = custom_op_tools.build_and_load(
-        spec.lib_name, spec.sources, extra_cflags=list(spec.cflags), extra_cuda_cflags=list(spec.cuda_cflags),
-        extra_ldflags=list(spec.ldflags), extra_include_paths=list(spec.include_dirs),
-        with_cuda=spec.with_cuda, build_dir=spec.build_dir)
-    if path is None:  # megengine refuses a second build of one name in a process
-        raise RuntimeError("build_and_load returned None (already built in-process)")
-    return path
-
-
-def _build_and_load():
-    """Build (or reuse from the cache) and load the library; returns its info dict.
-
-    With oneDNN, a failed build is recorded (``dnnl_failed.txt``) and the BN-only library is built.
-    """
-    with_cuda = _cuda_wanted()
-    spec = kernel_build_spec(with_cuda)
-    conv_error = None
-    if spec.onednn is None:
-        found = find_onednn()
-        conv_error = (f"oneDNN not found in {_searched_onednn_roots()} (pip install onednn-cpu-gomp "
-                      "onednn-devel-cpu-gomp, or set $BASEBN_ONEDNN_ROOT)" if found is None else
-                      _recorded_dnnl_failure(kernel_build_spec(with_cuda, onednn=found)))
-    else:
-        try:
-            return dict(_load_spec(spec), conv=True, onednn=spec.onednn.version, conv_error=None)
-        except Exception as exc:  # noqa: BLE001 - keep the BN kernels: build them without oneDNN
-            conv_error = f"the build with oneDNN {spec.onednn.version} failed: {_compiler_errors(exc)}"
-            with open(os.path.join(spec.build_dir, _DNNL_FAILED), "w") as f:
-                f.write(conv_error + "\n")
-            spec = kernel_build_spec(with_cuda, onednn=None)
-    return dict(_load_spec(spec), conv=False, onednn=None, conv_error=conv_error)
-
-
-def _compiler_errors(exc):
-    """The error lines of a failed build (one line), else the exception itself."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if "error" in ln.lower() and not ln.startswith("[")]
-    return " | ".join(lines[:6]) if lines else f"{type(exc).__name__}: {exc}"
-
-
-def _recorded_dnnl_failure(dnnl_spec):
-    path = os.path.join(dnnl_spec.build_dir, _DNNL_FAILED)
-    reason = "conv_dnnl.cpp is missing from the kernel sources"
-    if os.path.exists(path):
-        with open(path) as f:
-            reason = f.read().strip() + f" (recorded in {path}; delete it to retry)"
-    return reason
-
-
-def _load_spec(spec):
-    """Build (or reuse from the cache) and load the library of ``spec``; checks the ops it must hold."""
-    lib_path = os.path.join(spec.build_dir, spec.lib_name + "_v0.so")
-    marker = os.path.join(spec.build_dir, "built.ok")
-    os.makedirs(spec.build_dir, exist_ok=True)
-    # libgomp comes in with the oneDNN library and reads this once, at load. Its default (active) keeps
-    # the conv ops' OpenMP threads spinning after each op, on the core MegEngine's own ops then need:
-    # ResNet-20 step at 2 threads 800 -> 485 ms (benchmarks/bench_train_step.py). A user's value wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # Several processes (pytest workers, data-parallel ranks) may build at once. MegEngine's own
-    # lock file makes the losers return a path without ".so" and is left behind by a killed
-    # build; an flock (released when its process dies) serialises build + load instead.
-    with open(os.path.join(spec.build_dir, "build.flock"), "w") as lock_file:
-        _flock(lock_file, True)
-        try:
-            if os.path.exists(marker) and os.path.exists(lib_path):
-                custom.load(lib_path)  # cached build: needs no compiler
-            else:
-                lib_path = _compile(spec)
-                with open(marker, "w") as f:
-                    f.write(lib_path + "\n")
-        finally:
-            _flock(lock_file, False)
-    for op in OP_NAMES + (CONV_OP_NAMES if spec.onednn is not None else ()):
-        if not hasattr(custom, op):
-            raise RuntimeError(f"custom op {op} missing after loading {lib_path}")
-    return {"path": lib_path, "cuda": spec.with_cuda, "build_dir": spec.build_dir,
-            "self_sync": _mge_exports_sync_all()}
-
-
-def _mge_exports_sync_all():
-    """Does libmegengine_shared export mgb::CompNode::sync_all()? The CPU kernels then wait for
-    MegEngine's queued work themselves (see kernels/bn_cpu.cpp); otherwise Python does it."""
-    try:
-        lib = ctypes.CDLL(os.path.join(custom_op_tools.MGE_LIB_PATH, "libmegengine_shared.so"))
-        getattr(lib, "_ZN3mgb8CompNode8sync_allEv")
-        return True
-    except (OSError, AttributeError):
-        return False
-
-
-class _LoadState:
-    """The outcome of this process's one load attempt."""
-
-    def __init__(self, tried=False, library=None, error=None):
-        self.tried, self.library, self.error, self.warned = tried, library, error, False
-
-
-_state = _LoadState()
-_lock = threading.Lock()
-
-
-def load_kernels(warn=False):
-    """The loaded library's info dict, or None.
-
-    Keys: ``path``, ``cuda``, ``build_dir``, ``self_sync``, ``conv`` (the oneDNN conv ops are in it),
-    ``onednn`` (its version) and ``conv_error`` (why they are not).
-
-    Builds/loads on the first call only. With ``warn``, the first failure is logged once.
-    """
-    state = _state
-    if not state.tried:
-        with _lock:
-            if not state.tried:
-                try:
-                    state.library = _build_and_load()
-                except Exception as exc:  # noqa: BLE001 - any build/load failure means fallback
-                    state.error = f"{type(exc).__name__}: {exc}"
-                state.tried = True
-    if state.library is None and warn and not state.warned:
-        state.warned = True
-        logger.warning("basebn BN kernels unavailable, using the pure-MegEngine fallback: {}", state.error)
-    return state.library
-
-
-def kernel_library():
-    """Info dict of the loaded kernel library (``path``, ``cuda``, ``build_dir``, ``self_sync``), or None."""
-    return load_kernels(warn=False)
-
-
-def kernel_available():
-    """True when the custom-op kernels are built and loaded in this process."""
-    return load_kernels(warn=False) is not None
-
-
-def kernel_error():
-    """Why the kernels are unavailable (None when they loaded)."""
-    load_kernels(warn=False)
-    return _state.error
-
-
-def conv_kernel_available():
-    """True when the oneDNN conv ops are built into the loaded kernel library."""
-    lib = load_kernels(warn=False)
-    return bool(lib is not None and lib.get("conv"))
-
-
-def conv_kernel_error():
-    """Why the oneDNN conv ops are unavailable (None when they loaded)."""
-    lib = load_kernels(warn=False)
-    if lib is None:
-        return f"the kernel library did not build: {_state.error}"
-    return lib.get("conv_error")

@@ -1,0 +1,254 @@
+"""Test-time BN adaptation of a trained model (no trainer): test-batch statistics, AdaBN and TENT.
+
+Each method takes a model and an iterable of image batches (numpy or Tensors; ``(images, labels)`` tuples
+accepted, labels never read) and yields each batch's logits (numpy), in order. ``bn_batch``: each batch
+normalised by its own statistics (TENT's "norm"); ``adabn``: BN statistics of the evaluated images (precise
+BN's pass, exact over ranks), then eval; ``tent``: as DequanWang/tent's tent.py (model in train mode, BN on
+batch statistics, BN affine trained on the mean softmax entropy, the logits of the last update's forward,
+``episodic`` resets). Call :func:`prepare_for_adaptation` first. Semantics in detail: docs/bn_adaptation.md.
+"""
+import contextlib
+
+import numpy as np
+
+import megengine as mge
+import megengine.functional as F
+import megengine.optimizer as optim
+from megengine.autodiff import GradManager
+
+from .. import distributed as dist
+from ..config import ConfigError
+from ..layers import convert_to_batchnorm, disable_efficient_conv_bn_eval, revert_sync_batchnorm, update_bn_stats
+from ..layers.norm import is_bn2d, is_frozen_bn
+from ..utils.progress import progress_bar
+from .evaluate import topk_correct
+
+__all__ = ["METHODS", "OPTIMIZERS", "prepare_for_adaptation", "adaptable_bn_layers", "predict", "bn_batch_predict",
+           "adapt_bn_statistics", "adabn", "tent", "softmax_entropy", "adapt_predictions", "evaluate_adapted",
+           "store_adapted_statistics"]
+
+METHODS = ("none", "bn_batch", "adabn", "tent")
+OPTIMIZERS = ("adam", "sgd")
+
+
+def prepare_for_adaptation(model):
+    """``model`` ready for adaptation (returned; converted in place where possible): efficient conv-BN switched
+    off, SyncBatchNorm reverted to local BN, FrozenBatchNorm2d converted back to a trainable BatchNorm2d, and
+    every BN layer's ``freeze`` flag cleared (the adapted layers must see their inputs)."""
+    disable_efficient_conv_bn_eval(model)
+    model = revert_sync_batchnorm(model)
+    model = convert_to_batchnorm(model)
+    for _, m in adaptable_bn_layers(model):
+        if getattr(m, "freeze", False):
+            m.freeze = False
+    return model
+
+
+def adaptable_bn_layers(model):
+    """``[(name, module)]`` of the BN layers the methods adapt: every 2D BN layer but FrozenBatchNorm2d."""
+    return [(name, m) for name, m in model.named_modules() if is_bn2d(m) and not is_frozen_bn(m)]
+
+
+def _images(batch):
+    """The images of a batch (a tuple/list's first element, else the batch) as a float32 Tensor."""
+    if isinstance(batch, (tuple, list)):
+        batch = batch[0]
+    if isinstance(batch, mge.Tensor):
+        return batch
+    return mge.tensor(np.asarray(batch, dtype=np.float32))
+
+
+@contextlib.contextmanager
+def _kept_state(model, layers):
+    """Every module's training flag, and each layer's track_running_stats / freeze / running statistics,
+    restored after the block."""
+    flags = [(m, m.training) for m in model.modules()]
+    saved = [(m, m.track_running_stats, getattr(m, "freeze", False)) for _, m in layers]
+    stats = [(m, m.running_mean.numpy().copy(), m.running_var.numpy().copy()) for _, m in layers
+             if m.running_mean is not None and m.running_var is not None]
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training
+        for m, track, freeze in saved:
+            m.track_running_stats = track
+            if hasattr(m, "freeze"):
+                m.freeze = freeze
+        for m, mean, var in stats:
+            m.running_mean[...] = mge.tensor(mean, dtype=m.running_mean.dtype, device=m.running_mean.device)
+            m.running_var[...] = mge.tensor(var, dtype=m.running_var.dtype, device=m.running_var.device)
+
+
+def _use_batch_statistics(layers):
+    """Each layer normalises with the statistics of its input batch and updates no running statistics
+    (train mode, track_running_stats off, freeze off); the caller restores with :func:`_kept_state`."""
+    for _, m in layers:
+        m.training = True
+        m.track_running_stats = False
+        if hasattr(m, "freeze"):
+            m.freeze = False
+
+
+def predict(model, batches):
+    """Logits of each batch in eval mode (running statistics), as numpy arrays; flags restored after."""
+    with _kept_state(model, []):
+        model.eval()
+        for batch in batches:
+            yield model(_images(batch)).numpy()
+
+
+def bn_batch_predict(model, batches):
+    """Logits of each batch with every BN layer normalising it by its own statistics (test-batch BN, TENT's
+    "norm"); everything else in eval mode. Weights and running statistics are left as they were."""
+    layers = adaptable_bn_layers(model)
+    with _kept_state(model, layers):
+        model.eval()
+        _use_batch_statistics(layers)
+        for batch in batches:
+            yield model(_images(batch)).numpy()
+
+
+def adapt_bn_statistics(model, batches, num_samples=None, method="pooled", progress=False):
+    """AdaBN's step: every BN layer's running statistics become the population statistics of the images of
+    ``batches`` (precise BN's pass, :func:`basebn.layers.update_bn_stats`: pooled over batches and exact over
+    ranks; every rank must call it). Returns precise BN's summary."""
+    return update_bn_stats(model, batches, num_samples=num_samples, method=method, progress=progress)
+
+
+def _reiterable(batches, what):
+    if iter(batches) is batches:
+        raise TypeError(f"{what} passes over the batches twice: give a list or a loader, not an iterator")
+
+
+def adabn(model, batches, num_samples=None, method="pooled"):
+    """AdaBN: :func:`adapt_bn_statistics` over ``batches`` (the first ``num_samples`` images; None: all), then
+    the logits of each batch in eval mode. ``batches`` must be re-iterable (a list or a loader). The new
+    statistics stay in the model."""
+    _reiterable(batches, "adabn")
+    adapt_bn_statistics(model, batches, num_samples=num_samples, method=method)
+    yield from predict(model, batches)
+
+
+def softmax_entropy(logits):
+    """Per-sample entropy of softmax(logits) along axis 1: ``-sum(p * log p)``."""
+    return -(F.softmax(logits, axis=1) * F.nn.logsoftmax(logits, axis=1)).sum(axis=1)
+
+
+def _build_optimizer(params, name, lr, betas, weight_decay, momentum, nesterov):
+    if name == "adam":
+        return optim.Adam(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    if name == "sgd":
+        return optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+    raise ConfigError(f"unknown adaptation optimizer {name!r}: use one of {', '.join(OPTIMIZERS)}")
+
+
+def _check_tent_args(steps, lr, params):
+    if int(steps) < 1:
+        raise ConfigError(f"tent needs at least one step per batch (--adapt-steps), got {steps}")
+    if lr < 0:
+        raise ConfigError(f"the adaptation learning rate must be >= 0 (--adapt-lr), got {lr}")
+    if not params:
+        raise ConfigError("tent needs BN layers with affine parameters to adapt; this model has none")
+    if dist.get_world_size() > 1:
+        raise ConfigError("--adapt tent runs in one process (each rank would adapt its own copy); "
+                          "run basebn.test without a multi-process launcher")
+
+
+def tent(model, batches, lr=1e-3, steps=1, optimizer="adam", betas=(0.9, 0.999), weight_decay=0.0,
+         episodic=False, momentum=0.9, nesterov=True):
+    """TENT: adapt the BN affine parameters by entropy minimisation, one batch at a time; yields the logits
+    of each batch from the forward of its last update (see the module doc).
+
+    ``optimizer`` "adam" (``betas``, ``weight_decay``: TENT's CIFAR-10-C setting by default) or "sgd"
+    (``momentum``, ``nesterov``: TENT's SGD defaults 0.9 / True). ``episodic`` resets the adapted parameters
+    to the source values and the optimizer to a fresh state before every batch. The adapted affine
+    parameters stay in the model; flags and running statistics are restored after.
+    """
+    layers = adaptable_bn_layers(model)
+    params = [p for _, m in layers if m.affine for p in (m.weight, m.bias)]
+    _check_tent_args(steps, lr, params)
+    source = [p.numpy().copy() for p in params]
+    opt = _build_optimizer(params, optimizer, lr, betas, weight_decay, momentum, nesterov)
+    gm = GradManager().attach(params)
+    with _kept_state(model, layers):
+        model.train()  # as TENT's configure_model: the whole model in train mode
+        _use_batch_statistics(layers)
+        for batch in batches:
+            images = _images(batch)
+            if episodic:
+                for p, value in zip(params, source):
+                    p._reset(mge.tensor(value, dtype=p.dtype, device=p.device))
+                opt = _build_optimizer(params, optimizer, lr, betas, weight_decay, momentum, nesterov)
+            for _ in range(int(steps)):
+                with gm:
+                    logits = model(images)
+                    gm.backward(softmax_entropy(logits).mean())
+                opt.step()
+                opt.clear_grad()
+            yield logits.numpy()
+
+
+def adapt_predictions(model, batches, method, *, num_samples=None, lr=1e-3, steps=1, optimizer="adam",
+                      episodic=False):
+    """Logits per batch of ``method`` in METHODS ("none": plain eval mode)."""
+    if method == "none":
+        return predict(model, batches)
+    if method == "bn_batch":
+        return bn_batch_predict(model, batches)
+    if method == "adabn":
+        return adabn(model, batches, num_samples=num_samples)
+    if method == "tent":
+        return tent(model, batches, lr=lr, steps=steps, optimizer=optimizer, episodic=episodic)
+    raise ConfigError(f"unknown adaptation method {method!r}: use one of {', '.join(METHODS)}")
+
+
+class _LabelTap:
+    """Iterates a labelled loader, keeping the labels of the batch handed out last."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.labels = None
+
+    def __iter__(self):
+        for images, labels, *_ in self.loader:
+            self.labels = np.asarray(labels)
+            yield images
+
+    def __len__(self):
+        return len(self.loader)
+
+
+def _cross_entropy_sum(logits, labels):
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_norm = np.log(np.exp(shifted).sum(axis=1))
+    return float((log_norm - shifted[np.arange(len(labels)), labels]).sum())
+
+
+def evaluate_adapted(model, loader, method, desc="test", **options):
+    """``{'top1', 'top5', 'loss', 'images'}`` of ``method``'s logits on a labelled loader, batches in the
+    loader's order, summed over ranks (as :func:`basebn.engine.evaluate.evaluate`); options go to
+    :func:`adapt_predictions`. The hard labels of each batch score the logits the method yields for it."""
+    tap = _LabelTap(loader)
+    totals = np.zeros(4, dtype=np.float64)  # images, top1 hits, top5 hits, loss sum
+    logits_iter = adapt_predictions(model, tap, method, **options)
+    bar = progress_bar(logits_iter, desc=f"{desc} ({method})", total=len(loader), enabled=dist.is_main_process())
+    for logits in bar:
+        labels = tap.labels
+        top1, top5 = topk_correct(logits, labels)
+        totals += (len(labels), top1, top5, _cross_entropy_sum(logits, labels))
+    n, top1, top5, loss = dist.all_reduce_sum(totals)
+    if n == 0:
+        raise ValueError("evaluation saw no images: the test set is empty")
+    return {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": loss / n, "images": int(n)}
+
+
+def store_adapted_statistics(model, batches, method, num_samples=None):
+    """Make the model's running statistics fit what ``method`` normalised with, before saving it as a normal
+    weights file: for bn_batch and tent (which normalise with batch statistics and leave the running ones
+    as the source's) the population statistics of ``batches`` under the adapted weights (an AdaBN pass);
+    adabn's and none's are already in place. Returns the precise-BN summary, or None."""
+    if method in ("bn_batch", "tent"):
+        return adapt_bn_statistics(model, batches, num_samples=num_samples)
+    return None

@@ -1,0 +1,177 @@
+// The CUDA BatchNorm kernels (device code only; no MegEngine, no host API). Launched by bn_cuda_launch.cu.
+//
+// One design for both reductions (stats, backward reduce): one thread block per channel,
+// threads laid out (x over the contiguous spatial axis, y over N); every thread accumulates its
+// strided share (Welford for the moments, float sums for the gradients), then the block merges
+// with warp shuffles and shared memory (Chan's formula for the moments).
+// Element-wise kernels (normalize, backward elemt): grid.y walks channels, grid.x/threads walk
+// the N*S elements of a channel; per-channel coefficients are computed once per thread.
+// Non-contiguous inputs (Contig = false) address elements with bn_offset() on the real strides;
+// outputs are always written contiguous (N, C, S).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "bn_math.h"
+
+namespace basebn {
+namespace cuda {
+namespace kern {
+
+constexpr int kReduceThreads = 512;  // reduction blocks: blockDim.x * blockDim.y
+constexpr int kElemThreads = 256;    // element-wise blocks
+constexpr int kMaxWarps = kReduceThreads / 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+template <bool Contig>
+__device__ __forceinline__ int64_t elem_offset(
+        const BnLayout& L, int64_t n, int64_t c, int64_t s, int64_t C, int64_t S) {
+    return Contig ? (n * C + c) * S + s : bn_offset(L, n, c, s);
+}
+
+// ------------------------------------------------------------------ block merges
+__device__ __forceinline__ void warp_merge_moments(float& n, float& mean, float& m2) {
+    for (int off = 16; off > 0; off >>= 1) {
+        const float n2 = __shfl_down_sync(kFullMask, n, off);
+        const float mean2 = __shfl_down_sync(kFullMask, mean, off);
+        const float m22 = __shfl_down_sync(kFullMask, m2, off);
+        bn_chan_merge<float>(n, mean, m2, n2, mean2, m22);
+    }
+}
+
+__device__ __forceinline__ void warp_sum2(float& a, float& b) {
+    for (int off = 16; off > 0; off >>= 1) {
+        a += __shfl_down_sync(kFullMask, a, off);
+        b += __shfl_down_sync(kFullMask, b, off);
+    }
+}
+
+// After the call, thread 0 holds the block result. blockDim.x * blockDim.y == kReduceThreads.
+__device__ inline void block_merge_moments(float& n, float& mean, float& m2) {
+    __shared__ float sh_n[kMaxWarps], sh_mean[kMaxWarps], sh_m2[kMaxWarps];
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    warp_merge_moments(n, mean, m2);
+    if (lane == 0) {
+        sh_n[warp] = n;
+        sh_mean[warp] = mean;
+        sh_m2[warp] = m2;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int nwarps = (blockDim.x * blockDim.y) >> 5;
+        n = lane < nwarps ? sh_n[lane] : 0.f;
+        mean = lane < nwarps ? sh_mean[lane] : 0.f;
+        m2 = lane < nwarps ? sh_m2[lane] : 0.f;
+        warp_merge_moments(n, mean, m2);
+    }
+}
+
+__device__ inline void block_sum2(float& a, float& b) {
+    __shared__ float sh_a[kMaxWarps], sh_b[kMaxWarps];
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    warp_sum2(a, b);
+    if (lane == 0) {
+        sh_a[warp] = a;
+        sh_b[warp] = b;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int nwarps = (blockDim.x * blockDim.y) >> 5;
+        a = lane < nwarps ? sh_a[lane] : 0.f;
+        b = lane < nwarps ? sh_b[lane] : 0.f;
+        warp_sum2(a, b);
+    }
+}
+
+// ------------------------------------------------------------------ kernels
+template <typename T, bool Contig>
+__global__ void stats_kernel(
+        const T* __restrict__ x, BnLayout L, int64_t N, int64_t C, int64_t S,
+        float* __restrict__ mean_out, float* __restrict__ m2_out) {
+    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+        float n = 0.f, mean = 0.f, m2 = 0.f;
+        for (int64_t i = threadIdx.y; i < N; i += blockDim.y)
+            for (int64_t s = threadIdx.x; s < S; s += blockDim.x)
+                bn_welford_add<float>(
+                        n, mean, m2, BnIO<T>::load(x[elem_offset<Contig>(L, i, c, s, C, S)]));
+        block_merge_moments(n, mean, m2);
+        if (threadIdx.x == 0 && threadIdx.y == 0) {
+            mean_out[c] = mean;
+            m2_out[c] = m2;
+        }
+        __syncthreads();  // shared scratch is reused by the next channel
+    }
+}
+
+template <typename T, bool Contig>
+__global__ void backward_reduce_kernel(
+        const T* __restrict__ dy, BnLayout Ldy, const T* __restrict__ x, BnLayout Lx,
+        int64_t N, int64_t C, int64_t S, const float* __restrict__ mean,
+        const float* __restrict__ invstd, float* __restrict__ sum_dy,
+        float* __restrict__ sum_dy_xhat) {
+    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+        const float m = mean[c];
+        float a = 0.f, b = 0.f;
+        for (int64_t i = threadIdx.y; i < N; i += blockDim.y)
+            for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
+                const float g = BnIO<T>::load(dy[elem_offset<Contig>(Ldy, i, c, s, C, S)]);
+                const float xv = BnIO<T>::load(x[elem_offset<Contig>(Lx, i, c, s, C, S)]);
+                a += g;
+                b += g * (xv - m);
+            }
+        block_sum2(a, b);
+        if (threadIdx.x == 0 && threadIdx.y == 0) {
+            sum_dy[c] = a;
+            sum_dy_xhat[c] = b * invstd[c];
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T, bool Contig>
+__global__ void normalize_kernel(
+        const T* __restrict__ x, BnLayout L, int64_t N, int64_t C, int64_t S,
+        const float* __restrict__ mean, const float* __restrict__ invstd,
+        const float* __restrict__ weight, const float* __restrict__ bias, T* __restrict__ y) {
+    const int64_t per_c = N * S;
+    for (int64_t c = blockIdx.y; c < C; c += gridDim.y) {
+        const float m = mean[c];
+        const float sc = bn_norm_scale(invstd[c], weight ? weight[c] : 1.f);
+        const float b = bias ? bias[c] : 0.f;
+        for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < per_c;
+             k += (int64_t)gridDim.x * blockDim.x) {
+            const int64_t n = k / S, s = k - n * S;
+            const float v = BnIO<T>::load(x[elem_offset<Contig>(L, n, c, s, C, S)]);
+            y[(n * C + c) * S + s] = BnIO<T>::store(bn_normalize_elem(v, m, sc, b));
+        }
+    }
+}
+
+template <typename T, bool Contig>
+__global__ void backward_elemt_kernel(
+        const T* __restrict__ dy, BnLayout Ldy, const T* __restrict__ x, BnLayout Lx,
+        int64_t N, int64_t C, int64_t S, const float* __restrict__ mean,
+        const float* __restrict__ invstd, const float* __restrict__ weight,
+        const float* __restrict__ sum_dy, const float* __restrict__ sum_dy_xhat,
+        double inv_count, T* __restrict__ dx) {
+    const int64_t per_c = N * S;
+    for (int64_t c = blockIdx.y; c < C; c += gridDim.y) {
+        const float m = mean[c];
+        const BnElemtCoef k = bn_elemt_coef(
+                invstd[c], weight ? weight[c] : 1.f, sum_dy[c], sum_dy_xhat[c], inv_count);
+        for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < per_c;
+             e += (int64_t)gridDim.x * blockDim.x) {
+            const int64_t n = e / S, s = e - n * S;
+            const float g = BnIO<T>::load(dy[elem_offset<Contig>(Ldy, n, c, s, C, S)]);
+            const float xv = BnIO<T>::load(x[elem_offset<Contig>(Lx, n, c, s, C, S)]);
+            dx[(n * C + c) * S + s] = BnIO<T>::store(bn_elemt_elem(g, xv, m, k));
+        }
+    }
+}
+
+}  // namespace kern
+}  // namespace cuda
+}  // namespace basebn

@@ -1,0 +1,226 @@
+// Launchers of the CUDA BatchNorm kernels (bn_cuda_kernels.cuh) behind the C API of bn_cuda_launch.h:
+// raw pointers, sizes, strides and a stream. No MegEngine header: builds alone with nvcc
+// (nvcc -shared -Xcompiler -fPIC bn_cuda_launch.cu; see benchmarks/cuda/run_harness.py).
+#include "bn_cuda_launch.h"
+
+#include "bn_cuda_kernels.cuh"
+
+namespace basebn {
+namespace cuda {
+namespace {
+
+using kern::kElemThreads;
+using kern::kReduceThreads;
+
+struct Dims3 {
+    int64_t N, C, S;
+};
+
+bool valid(const BasebnBnTensor* t) {
+    if (t == nullptr || t->ndim < 2 || t->ndim > BASEBN_BN_MAX_DIMS)
+        return false;
+    if (t->dtype != BASEBN_BN_FLOAT32 && t->dtype != BASEBN_BN_FLOAT16)
+        return false;
+    for (int i = 0; i < t->ndim; ++i)
+        if (t->shape[i] < 0)
+            return false;
+    return true;
+}
+
+bool same_shape(const BasebnBnTensor* a, const BasebnBnTensor* b) {
+    if (a->ndim != b->ndim || a->dtype != b->dtype)
+        return false;
+    for (int i = 0; i < a->ndim; ++i)
+        if (a->shape[i] != b->shape[i])
+            return false;
+    return true;
+}
+
+Dims3 dims_of(const BasebnBnTensor* t) {
+    Dims3 d{t->shape[0], t->shape[1], 1};
+    for (int i = 2; i < t->ndim; ++i)
+        d.S *= t->shape[i];
+    return d;
+}
+
+BnLayout layout_of(const BasebnBnTensor* t) {
+    BnLayout L;
+    L.ndim = t->ndim;
+    for (int i = 0; i < 5; ++i) {
+        L.shape[i] = i < t->ndim ? t->shape[i] : 1;
+        L.stride[i] = i < t->ndim ? t->stride[i] : 0;
+    }
+    return L;
+}
+
+// Row-major (N, C, *) with no gaps (strides of size-1 dims do not matter).
+bool is_contiguous(const BasebnBnTensor* t) {
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; --i) {
+        if (t->shape[i] != 1 && t->stride[i] != expect)
+            return false;
+        expect *= t->shape[i];
+    }
+    return true;
+}
+
+int64_t numel(const Dims3& d) {
+    return d.N * d.C * d.S;
+}
+
+// threads: x over S (the power of two >= S, at most 512), y over N (blockDim.x * blockDim.y = 512 always).
+// A small S leaves no x-thread idle: 2D (N, C) input gets 1 x 512 threads, not 32 x 16 (31 of 32 idle).
+dim3 reduce_block(int64_t S) {
+    int bx = 1;
+    while (bx < kReduceThreads && bx < S)
+        bx <<= 1;
+    return dim3(bx, kReduceThreads / bx);
+}
+
+unsigned reduce_grid(const Dims3& d) {
+    return static_cast<unsigned>(d.C < 65535 ? d.C : 65535);
+}
+
+dim3 elem_grid(const Dims3& d) {
+    const int64_t per_c = d.N * d.S;
+    int64_t gx = (per_c + kElemThreads - 1) / kElemThreads;
+    const int64_t target = 4096;  // total blocks to aim for
+    const int64_t cap = d.C >= target ? 1 : (target + d.C - 1) / d.C;
+    gx = gx < 1 ? 1 : (gx > cap ? cap : gx);
+    const int64_t gy = d.C < 65535 ? d.C : 65535;
+    return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+}
+
+cudaError_t zero_channels(float* a, float* b, int64_t C, cudaStream_t stream) {
+    cudaError_t err = cudaMemsetAsync(a, 0, sizeof(float) * C, stream);
+    if (err == cudaSuccess)
+        err = cudaMemsetAsync(b, 0, sizeof(float) * C, stream);
+    return err;
+}
+
+// f(T()) with T = float or uint16_t (float16 bits)
+template <typename F>
+void dispatch(int dtype, F&& f) {
+    if (dtype == BASEBN_BN_FLOAT32)
+        f(float());
+    else
+        f(uint16_t());
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace basebn
+
+using namespace basebn::cuda;
+
+extern "C" cudaError_t basebn_bn_cuda_stats(
+        const BasebnBnTensor* x, float* mean, float* m2, int force_strided, cudaStream_t stream) {
+    if (!valid(x) || mean == nullptr || m2 == nullptr)
+        return cudaErrorInvalidValue;
+    const Dims3 d = dims_of(x);
+    if (d.C == 0)
+        return cudaSuccess;
+    if (numel(d) == 0)
+        return zero_channels(mean, m2, d.C, stream);
+    if (x->data == nullptr)
+        return cudaErrorInvalidValue;
+    const basebn::BnLayout L = layout_of(x);
+    const bool contig = is_contiguous(x) && !force_strided;
+    dispatch(x->dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T* px = static_cast<const T*>(x->data);
+        if (contig)
+            kern::stats_kernel<T, true><<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
+                    px, L, d.N, d.C, d.S, mean, m2);
+        else
+            kern::stats_kernel<T, false><<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
+                    px, L, d.N, d.C, d.S, mean, m2);
+    });
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t basebn_bn_cuda_normalize(
+        const BasebnBnTensor* x, const float* mean, const float* invstd, const float* weight,
+        const float* bias, void* y, int force_strided, cudaStream_t stream) {
+    if (!valid(x))
+        return cudaErrorInvalidValue;
+    const Dims3 d = dims_of(x);
+    if (numel(d) == 0)
+        return cudaSuccess;
+    if (x->data == nullptr || mean == nullptr || invstd == nullptr || y == nullptr)
+        return cudaErrorInvalidValue;
+    const basebn::BnLayout L = layout_of(x);
+    const bool contig = is_contiguous(x) && !force_strided;
+    dispatch(x->dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T* px = static_cast<const T*>(x->data);
+        T* py = static_cast<T*>(y);
+        if (contig)
+            kern::normalize_kernel<T, true><<<elem_grid(d), kElemThreads, 0, stream>>>(
+                    px, L, d.N, d.C, d.S, mean, invstd, weight, bias, py);
+        else
+            kern::normalize_kernel<T, false><<<elem_grid(d), kElemThreads, 0, stream>>>(
+                    px, L, d.N, d.C, d.S, mean, invstd, weight, bias, py);
+    });
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t basebn_bn_cuda_backward_reduce(
+        const BasebnBnTensor* dy, const BasebnBnTensor* x, const float* mean, const float* invstd,
+        float* sum_dy, float* sum_dy_xhat, int force_strided, cudaStream_t stream) {
+    if (!valid(x) || !valid(dy) || !same_shape(dy, x) || sum_dy == nullptr || sum_dy_xhat == nullptr)
+        return cudaErrorInvalidValue;
+    const Dims3 d = dims_of(x);
+    if (d.C == 0)
+        return cudaSuccess;
+    if (numel(d) == 0)
+        return zero_channels(sum_dy, sum_dy_xhat, d.C, stream);
+    if (x->data == nullptr || dy->data == nullptr || mean == nullptr || invstd == nullptr)
+        return cudaErrorInvalidValue;
+    const basebn::BnLayout Lg = layout_of(dy), Lx = layout_of(x);
+    const bool contig = is_contiguous(dy) && is_contiguous(x) && !force_strided;
+    dispatch(x->dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T* pg = static_cast<const T*>(dy->data);
+        const T* px = static_cast<const T*>(x->data);
+        if (contig)
+            kern::backward_reduce_kernel<T, true><<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
+                    pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, sum_dy, sum_dy_xhat);
+        else
+            kern::backward_reduce_kernel<T, false><<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
+                    pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, sum_dy, sum_dy_xhat);
+    });
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t basebn_bn_cuda_backward_elemt(
+        const BasebnBnTensor* dy, const BasebnBnTensor* x, const float* mean, const float* invstd,
+        const float* weight, const float* sum_dy, const float* sum_dy_xhat, double count, void* dx,
+        int force_strided, cudaStream_t stream) {
+    if (!valid(x) || !valid(dy) || !same_shape(dy, x))
+        return cudaErrorInvalidValue;
+    const Dims3 d = dims_of(x);
+    if (numel(d) == 0)
+        return cudaSuccess;
+    if (x->data == nullptr || dy->data == nullptr || mean == nullptr || invstd == nullptr ||
+        sum_dy == nullptr || sum_dy_xhat == nullptr || dx == nullptr)
+        return cudaErrorInvalidValue;
+    const basebn::BnLayout Lg = layout_of(dy), Lx = layout_of(x);
+    const bool contig = is_contiguous(dy) && is_contiguous(x) && !force_strided;
+    const double inv_count = count > 0.0 ? 1.0 / count : 0.0;
+    dispatch(x->dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T* pg = static_cast<const T*>(dy->data);
+        const T* px = static_cast<const T*>(x->data);
+        T* po = static_cast<T*>(dx);
+        if (contig)
+            kern::backward_elemt_kernel<T, true><<<elem_grid(d), kElemThreads, 0, stream>>>(
+                    pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, weight, sum_dy, sum_dy_xhat,
+                    inv_count, po);
+        else
+            kern::backward_elemt_kernel<T, false><<<elem_grid(d), kElemThreads, 0, stream>>>(
+                    pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, weight, sum_dy, sum_dy_xhat,
+                    inv_count, po);
+    });
+    return cudaGetLastError();
+}

@@ -1,0 +1,57 @@
+/* Standalone CUDA BatchNorm launchers: raw device pointers, sizes, strides and a stream; no MegEngine.
+ *
+ * A C API (plain C structs, extern "C" functions): bn_cuda.cu (the MegEngine glue) calls it, and so does
+ * benchmarks/cuda/run_harness.py through ctypes on a shared library built from bn_cuda_launch.cu alone.
+ * Conventions (as bn_math.h): x, dy are (N, C, *) with 2 to 5 dims, S = the product of the trailing dims;
+ * per-channel arrays are contiguous float32 device arrays of C values; weight / bias may be NULL
+ * (weight = 1, bias = 0); y and dx are written contiguous (N, C, *) in x's dtype.
+ *   stats:            mean = sum(x) / cnt,  m2 = sum((x - mean)^2)           (cnt = N * S)
+ *   normalize:        y = (x - mean) * invstd * weight + bias
+ *   backward_reduce:  sum_dy = sum(dy),  sum_dy_xhat = invstd * sum(dy * (x - mean))
+ *   backward_elemt:   dx = weight * invstd * (dy - sum_dy / count - (x - mean) * invstd * sum_dy_xhat / count)
+ * `count` is the global per-channel count (larger than N * S under SyncBN). Empty inputs: stats and
+ * backward_reduce write zeros, the others do nothing. Every call is asynchronous on `stream` and returns
+ * cudaSuccess, cudaErrorInvalidValue (bad arguments: nothing launched) or the launch error.
+ * force_strided != 0 makes the kernels address every element through its strides (the non-contiguous path).
+ */
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BASEBN_BN_FLOAT32 0
+#define BASEBN_BN_FLOAT16 1 /* IEEE binary16 as raw 16 bits; statistics stay float32 */
+#define BASEBN_BN_MAX_DIMS 5
+
+/* An (N, C, *) tensor on the device: element strides, any layout. */
+typedef struct BasebnBnTensor {
+    const void* data;
+    int dtype; /* BASEBN_BN_FLOAT32 or BASEBN_BN_FLOAT16 */
+    int ndim;  /* 2 to 5 */
+    int64_t shape[BASEBN_BN_MAX_DIMS];
+    int64_t stride[BASEBN_BN_MAX_DIMS]; /* in elements */
+} BasebnBnTensor;
+
+cudaError_t basebn_bn_cuda_stats(
+        const BasebnBnTensor* x, float* mean, float* m2, int force_strided, cudaStream_t stream);
+
+cudaError_t basebn_bn_cuda_normalize(
+        const BasebnBnTensor* x, const float* mean, const float* invstd, const float* weight,
+        const float* bias, void* y, int force_strided, cudaStream_t stream);
+
+cudaError_t basebn_bn_cuda_backward_reduce(
+        const BasebnBnTensor* dy, const BasebnBnTensor* x, const float* mean, const float* invstd,
+        float* sum_dy, float* sum_dy_xhat, int force_strided, cudaStream_t stream);
+
+cudaError_t basebn_bn_cuda_backward_elemt(
+        const BasebnBnTensor* dy, const BasebnBnTensor* x, const float* mean, const float* invstd,
+        const float* weight, const float* sum_dy, const float* sum_dy_xhat, double count, void* dx,
+        int force_strided, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,242 @@
+"""The one custom-op library: the C++/CUDA BN kernels and the oneDNN conv ops (sources in ``basebn/kernels/``).
+
+MegEngine loads one custom-op library per process, so :mod:`.bn_ops` and :mod:`.conv_ops` share this
+one, built as :func:`.kernel_build.kernel_build_spec` says into its cache directory (an flock
+serialises concurrent builds) and loaded once per process (:func:`load_kernels` remembers the library
+or the error). The conv ops are compiled in when oneDNN is found; if that build fails, the BN-only
+library is built instead and the failure is recorded in the cache (:func:`conv_kernel_error` says
+why), so later processes skip it.
+:func:`wait_for_inputs` is what every op launch does first. Environment: ``BASEBN_KERNEL_CACHE``,
+``BASEBN_KERNEL_DIR``, ``BASEBN_KERNEL_CUDA=0``, ``BASEBN_ONEDNN_ROOT``, ``OMP_WAIT_POLICY``
+(:func:`set_default_omp_wait_policy`); ``BASEBN_NUM_THREADS`` is read by the CPU kernels.
+Design notes: docs/bn_design.md.
+"""
+import ctypes
+import os
+import threading
+
+from loguru import logger
+
+import megengine as mge
+from megengine.core.ops import custom
+from megengine.jit import tracing
+from megengine.utils import custom_op_tools
+
+from .kernel_build import (
+    cuda_wanted,
+    kernel_build_spec,
+    no_onednn_reason,
+    record_onednn_build_failure,
+)
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: builds are not locked across processes
+    fcntl = None
+
+__all__ = [
+    "KernelUnavailableError",
+    "OP_NAMES",
+    "CONV_OP_NAMES",
+    "set_default_omp_wait_policy",
+    "load_kernels",
+    "kernel_library",
+    "kernel_available",
+    "kernel_error",
+    "conv_kernel_available",
+    "conv_kernel_error",
+    "wait_for_inputs",
+]
+
+OP_NAMES = ("BasebnBnStats", "BasebnBnNormalize", "BasebnBnBackwardReduce", "BasebnBnBackwardElemt")
+CONV_OP_NAMES = ("BasebnConvFwd", "BasebnConvBwdData", "BasebnConvBwdFilter")  # only with oneDNN
+
+
+class KernelUnavailableError(RuntimeError):
+    """The BN kernels were requested explicitly but could not be built or loaded."""
+
+
+def _flock(f, lock):
+    if fcntl is not None:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX if lock else fcntl.LOCK_UN)
+
+
+def _compile(spec):
+    """Compile into ``spec.build_dir`` with MegEngine's ninja build; returns the library path."""
+    stale = os.path.join(spec.build_dir, "lock")
+    if os.path.exists(stale):  # the caller holds the flock: nobody else is building
+        os.remove(stale)
+    path = custom_op_tools.build_and_load(
+        spec.lib_name, spec.sources, extra_cflags=list(spec.cflags), extra_cuda_cflags=list(spec.cuda_cflags),
+        extra_ldflags=list(spec.ldflags), extra_include_paths=list(spec.include_dirs),
+        with_cuda=spec.with_cuda, build_dir=spec.build_dir)
+    if path is None:  # megengine refuses a second build of one name in a process
+        raise RuntimeError("build_and_load returned None (already built in-process)")
+    return path
+
+
+def set_default_omp_wait_policy():
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the user set it; returns the policy in effect.
+
+    libgomp comes in with the oneDNN library and reads this once, when it is loaded, so this runs
+    before the library loads. libgomp's default (active) keeps the conv ops' OpenMP threads spinning
+    after each op, on the cores MegEngine's own ops then need: a ResNet-20 step at 2 threads went
+    800 -> 485 ms with PASSIVE (benchmarks/bench_train_step.py). A user's value wins.
+    """
+    return os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _build_and_load():
+    """Build (or reuse from the cache) and load the library; returns its info dict.
+
+    With oneDNN, a failed build is recorded (:func:`.kernel_build.record_onednn_build_failure`) and
+    the BN-only library is built.
+    """
+    set_default_omp_wait_policy()  # before the library (and libgomp with it) is loaded
+    with_cuda = cuda_wanted()
+    spec = kernel_build_spec(with_cuda)
+    conv_error = None
+    if spec.onednn is None:
+        conv_error = no_onednn_reason(with_cuda)
+    else:
+        try:
+            return dict(_load_spec(spec), conv=True, onednn=spec.onednn.version, conv_error=None)
+        except Exception as exc:  # noqa: BLE001 - keep the BN kernels: build them without oneDNN
+            conv_error = f"the build with oneDNN {spec.onednn.version} failed: {_compiler_errors(exc)}"
+            record_onednn_build_failure(spec, conv_error)
+            spec = kernel_build_spec(with_cuda, onednn=None)
+    return dict(_load_spec(spec), conv=False, onednn=None, conv_error=conv_error)
+
+
+def _compiler_errors(exc):
+    """The error lines of a failed build (one line), else the exception itself."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if "error" in ln.lower() and not ln.startswith("[")]
+    return " | ".join(lines[:6]) if lines else f"{type(exc).__name__}: {exc}"
+
+
+def _load_spec(spec):
+    """Build (or reuse from the cache) and load the library of ``spec``; checks the ops it must hold."""
+    lib_path = os.path.join(spec.build_dir, spec.lib_name + "_v0.so")
+    marker = os.path.join(spec.build_dir, "built.ok")
+    os.makedirs(spec.build_dir, exist_ok=True)
+    # Several processes (pytest workers, data-parallel ranks) may build at once. MegEngine's own
+    # lock file makes the losers return a path without ".so" and is left behind by a killed
+    # build; an flock (released when its process dies) serialises build + load instead.
+    with open(os.path.join(spec.build_dir, "build.flock"), "w") as lock_file:
+        _flock(lock_file, True)
+        try:
+            if os.path.exists(marker) and os.path.exists(lib_path):
+                custom.load(lib_path)  # cached build: needs no compiler
+            else:
+                lib_path = _compile(spec)
+                with open(marker, "w") as f:
+                    f.write(lib_path + "\n")
+        finally:
+            _flock(lock_file, False)
+    for op in OP_NAMES + (CONV_OP_NAMES if spec.onednn is not None else ()):
+        if not hasattr(custom, op):
+            raise RuntimeError(f"custom op {op} missing after loading {lib_path}")
+    return {"path": lib_path, "cuda": spec.with_cuda, "build_dir": spec.build_dir,
+            "self_sync": _mge_exports_sync_all()}
+
+
+def _mge_exports_sync_all():
+    """Does libmegengine_shared export mgb::CompNode::sync_all()? The CPU kernels then wait for
+    MegEngine's queued work themselves (see kernels/bn_cpu.cpp); otherwise Python does it."""
+    try:
+        lib = ctypes.CDLL(os.path.join(custom_op_tools.MGE_LIB_PATH, "libmegengine_shared.so"))
+        getattr(lib, "_ZN3mgb8CompNode8sync_allEv")
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+class _LoadState:
+    """The outcome of this process's one load attempt."""
+
+    def __init__(self, tried=False, library=None, error=None):
+        self.tried, self.library, self.error, self.warned = tried, library, error, False
+
+
+_state = _LoadState()
+_lock = threading.Lock()
+
+
+def load_kernels(warn=False):
+    """The loaded library's info dict, or None.
+
+    Keys: ``path``, ``cuda``, ``build_dir``, ``self_sync``, ``conv`` (the oneDNN conv ops are in it),
+    ``onednn`` (its version) and ``conv_error`` (why they are not).
+
+    Builds/loads on the first call only. With ``warn``, the first failure is logged once.
+    """
+    state = _state
+    if not state.tried:
+        with _lock:
+            if not state.tried:
+                try:
+                    state.library = _build_and_load()
+                except Exception as exc:  # noqa: BLE001 - any build/load failure means fallback
+                    state.error = f"{type(exc).__name__}: {exc}"
+                state.tried = True
+    if state.library is None and warn and not state.warned:
+        state.warned = True
+        logger.warning("basebn BN kernels unavailable, using the pure-MegEngine fallback: {}", state.error)
+    return state.library
+
+
+def kernel_library():
+    """Info dict of the loaded kernel library (``path``, ``cuda``, ``build_dir``, ``self_sync``), or None."""
+    return load_kernels(warn=False)
+
+
+def kernel_available():
+    """True when the custom-op kernels are built and loaded in this process."""
+    return load_kernels(warn=False) is not None
+
+
+def kernel_error():
+    """Why the kernels are unavailable (None when they loaded)."""
+    load_kernels(warn=False)
+    return _state.error
+
+
+def conv_kernel_available():
+    """True when the oneDNN conv ops are built into the loaded kernel library."""
+    lib = load_kernels(warn=False)
+    return bool(lib is not None and lib.get("conv"))
+
+
+def conv_kernel_error():
+    """Why the oneDNN conv ops are unavailable (None when they loaded)."""
+    lib = load_kernels(warn=False)
+    if lib is None:
+        return f"the kernel library did not build: {_state.error}"
+    return lib.get("conv_error")
+
+
+def _symbolic_tracing():
+    """Inside ``jit.trace(symbolic=True)`` (values do not exist yet; _dev_tensor() would crash)."""
+    if not tracing.is_tracing():
+        return False
+    tr = getattr(tracing.active_trace, "_trace", None)
+    return bool(getattr(tr, "symbolic", True))  # unknown: assume symbolic (the safe side)
+
+
+def wait_for_inputs(*tensors):
+    """Make CPU ``tensors`` (None entries ignored) safe for the library's ops to read; call before a launch.
+
+    MegEngine 1.13 runs a CPU custom op without waiting for the CPU comp node's queue. Two races
+    follow (both seen as wrong results): inputs still being written by queued ops, and the
+    asynchronous to-contiguous copy of non-contiguous inputs. When the library's ops call
+    ``mgb::CompNode::sync_all()`` themselves (MegEngine 1.13 exports it; this also covers compiled
+    ``jit.trace`` graphs) nothing is done here; otherwise ``_dev_tensor()`` runs the conversion now
+    and ``_full_sync()`` drains the queue. The library must be loaded (:func:`load_kernels`).
+    """
+    lib = load_kernels()
+    if lib["self_sync"] or _symbolic_tracing():
+        return
+    for t in tensors:
+        if t is not None:
+            t._dev_tensor()
+    mge._full_sync()

@@ -1,0 +1,408 @@
+"""Every custom op against the pure-MegEngine path on the device at hand (``python -m basebn.tools.selfcheck``).
+
+:func:`run_selfcheck` gives one :class:`CheckRow` per op: the BN ops (:mod:`.bn_ops`, kernel vs fallback;
+float32 and float16, 2D-5D, strided gather path, non-contiguous, N=1, C=1), the oneDNN conv ops vs
+``F.conv2d`` and its gradients (CPU), and with several processes :class:`.SyncBatchNorm` on uneven shards
+and an empty rank vs one-process BN of the whole batch. ``rel`` = max|kernel - reference| / max|reference|
+(``abs`` = the numerator); an op fails when rel > its tolerance (:data:`TOLERANCES`) or it raises:
+- ``float32`` 1e-4: both paths accumulate float32 sums (<= ~1e5 terms here) in different orders, a few
+  1e-6 apart at most; a wrong constant, index or stride is >= 1e-3.
+- ``float16`` 4e-3 (float16 outputs): each path rounds to float16 (2**-11 relative), so results may sit
+  one float16 ulp (<= 2**-10 of the largest value) apart. Statistics of float16 inputs are float32.
+- ``conv`` 1e-4: float32 sums of <= ~600 products by different algorithms (oneDNN vs MegEngine).
+- ``sync_bn`` 1e-4: float64 host merge of per-rank float32 moments vs one float32 reduction.
+The automatic form in training is :mod:`.kernel_autocheck`.
+"""
+import contextlib
+import math
+import os
+import platform
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+import megengine as mge
+import megengine.functional as F
+from megengine.autodiff import GradManager
+
+from .. import distributed as dist
+from . import bn_ops
+from .bn_ops import kernel as bn_kernel
+from .conv_ops import ConvGeometry, conv_backward_data, conv_backward_weights, conv_forward
+from .kernel_library import conv_kernel_available, conv_kernel_error, kernel_error, load_kernels
+from .sync_bn import SyncBatchNorm, local_statistics
+
+__all__ = ["TOLERANCES", "BN_OPS", "CONV_OPS", "FAMILIES", "CheckRow", "device_name", "device_is_gpu",
+           "run_selfcheck", "format_rows"]
+
+TOLERANCES = {"float32": 1e-4, "float16": 4e-3, "conv": 1e-4, "sync_bn": 1e-4}
+BN_OPS = ("bn_stats", "bn_normalize", "bn_backward_reduce", "bn_backward_elemt")
+CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
+FAMILIES = {"bn": BN_OPS, "conv": CONV_OPS, "sync_bn": ("sync_bn",)}
+_EPS = 1e-5
+
+
+class CheckRow(NamedTuple):
+    """One op's result: ``verdict`` is ``"ok"``, ``"FAIL"`` or ``"skip"`` (``note`` says why / what failed)."""
+
+    op: str
+    family: str
+    cases: int
+    max_abs: float
+    max_rel: float
+    tol: float
+    kernel_ms: float
+    fallback_ms: float
+    verdict: str
+    note: str = ""
+
+
+def device_is_gpu():
+    """True when new tensors land on a GPU (the default device)."""
+    return mge.tensor(0.0).device.physical_name.startswith("gpu")
+
+
+def device_name():
+    """The kind of device the ops run on now: ``"cuda:<GPU name>"`` or ``"cpu:<CPU model>"``."""
+    physical = mge.tensor(0.0).device.physical_name  # "cpu0:0", "gpu3:0"
+    if physical.startswith("gpu"):
+        index = int(physical[3:].split(":")[0] or 0)
+        try:
+            name = getattr(mge.device.get_cuda_device_property(index), "name", None)
+        except Exception:  # noqa: BLE001 - the name is a label only
+            name = None
+        return f"cuda:{name or 'gpu'}"
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"cpu:{model}"
+
+
+# --------------------------------------------------------------------------------------- measuring
+class _Errors:
+    """Running max abs / rel error and summed timings of one op over its cases."""
+
+    def __init__(self):
+        self.cases, self.max_abs, self.max_rel, self.kernel_s, self.fallback_s = 0, 0.0, 0.0, 0.0, 0.0
+        self.notes = []
+
+    def compare(self, got, want, what):
+        got = np.asarray(got.numpy() if isinstance(got, mge.Tensor) else got, np.float64)
+        want = np.asarray(want.numpy() if isinstance(want, mge.Tensor) else want, np.float64)
+        if got.shape != want.shape:
+            raise AssertionError(f"{what}: shape {got.shape} != {want.shape}")
+        if got.size == 0:
+            return
+        diff = np.abs(got - want)
+        err = float(diff.max()) if np.all(np.isfinite(diff)) else math.inf
+        rel = err / max(float(np.abs(want).max()), 1e-30)
+        if rel > self.max_rel:
+            self.notes = [what]
+        self.max_abs, self.max_rel = max(self.max_abs, err), max(self.max_rel, rel)
+
+    def row(self, op, family, tol):
+        if self.max_rel > tol or not math.isfinite(self.max_rel):
+            verdict, note = "FAIL", f"worst: {self.notes[0]}" if self.notes else ""
+        else:
+            verdict, note = "ok", ""
+        return CheckRow(op, family, self.cases, self.max_abs, self.max_rel, tol, 1e3 * self.kernel_s,
+                        1e3 * self.fallback_s, verdict, note)
+
+
+def _sync(outputs):
+    mge._full_sync()
+    return outputs
+
+
+def _timed(fn, reps):
+    """``fn()``'s result and its best wall time over ``reps`` more runs (the first run when reps is 0)."""
+    start = time.perf_counter()
+    out = _sync(fn())
+    best = time.perf_counter() - start
+    for _ in range(reps):
+        start = time.perf_counter()
+        _sync(fn())
+        best = min(best, time.perf_counter() - start)
+    return out, best
+
+
+@contextlib.contextmanager
+def _strided_kernels(enabled):
+    """The kernels read every input through its strides (their non-contiguous path) while active."""
+    prev = bn_kernel._force_strided
+    bn_kernel._force_strided = bool(enabled)
+    try:
+        yield
+    finally:
+        bn_kernel._force_strided = prev
+
+
+def _both(fn, reps, strided=False):
+    """(kernel result, fallback result, kernel s, fallback s) of ``fn()`` on the two BN paths."""
+    with bn_ops.use_backend("kernel"), _strided_kernels(strided):
+        got, tk = _timed(fn, reps)
+    with bn_ops.use_backend("fallback"):
+        want, tf = _timed(fn, reps)
+    return got, want, tk, tf
+
+
+# ---------------------------------------------------------------------------------------- BN ops
+def _bn_cases(quick, gpu):
+    """(shape, dtype, layout): layout "contiguous", "strided" (the kernels' gather path) or "transposed"."""
+    shapes = [(4, 6, 9, 7), (8, 5), (1, 4, 8, 8), (6, 1, 5, 5)] if quick else [
+        (8, 5), (4, 3, 17), (4, 6, 9, 7), (2, 3, 4, 5, 6), (1, 4, 8, 8), (6, 1, 5, 5), (3, 64, 7, 7),
+        (16, 32, 32, 32)]
+    cases = [(s, "float32", "contiguous") for s in shapes]
+    cases += [((4, 6, 9, 7), "float32", "strided"), ((5, 3, 6, 4), "float32", "transposed")]
+    if not quick:
+        cases += [((3, 4, 5, 6, 2), "float32", "strided"), ((7, 5), "float32", "transposed")]
+    if gpu or not quick:
+        cases += [((4, 6, 9, 7), "float16", "contiguous"), ((4, 6, 9, 7), "float16", "strided")]
+        if not quick:
+            cases += [((8, 5), "float16", "contiguous"), ((2, 3, 4, 5, 6), "float16", "contiguous")]
+    return cases
+
+
+def _tensor(values, dtype, layout):
+    """``values`` as a tensor of ``dtype``; "transposed": a non-contiguous view with the same values."""
+    if layout != "transposed":
+        return mge.tensor(values.astype(dtype))
+    axes = (1, 0) + tuple(range(2, values.ndim))
+    return F.transpose(mge.tensor(np.ascontiguousarray(values.transpose(axes)).astype(dtype)), axes)
+
+
+def _bn_case_inputs(shape, dtype, layout, rng):
+    c = shape[1]
+    bshape = (1, c) + (1,) * (len(shape) - 2)
+    offset = (2.0 + 0.5 * np.arange(c)).reshape(bshape)  # |mean| > std: checks the centring
+    scale = (0.5 + rng.random(c)).reshape(bshape)
+    x = _tensor(rng.standard_normal(shape) * scale + offset, dtype, layout)
+    dy = _tensor(rng.standard_normal(shape), dtype, layout)
+    return x, dy
+
+
+def _check_bn(quick, reps, gpu):
+    """Rows per op and input dtype (``"bn_normalize"``, ``"bn_normalize float16"``, ...)."""
+    rng = np.random.default_rng(0)
+    errs = {}
+
+    def record(op, dtype, pairs, tk, tf):
+        e = errs.setdefault((op, dtype), _Errors())
+        for got, want, what in pairs:
+            e.compare(got, want, what)
+        e.cases, e.kernel_s, e.fallback_s = e.cases + 1, e.kernel_s + tk, e.fallback_s + tf
+
+    for i, (shape, dtype, layout) in enumerate(_bn_cases(quick, gpu)):
+        x, dy = _bn_case_inputs(shape, dtype, layout, rng)
+        strided = layout == "strided"
+        what = f"{dtype} {shape} {layout}"
+        cnt, c = bn_ops.channel_count(x), shape[1]
+        weight = mge.tensor(rng.uniform(0.5, 1.5, c).astype(np.float32)) if i % 2 == 0 else None
+        bias = mge.tensor(rng.standard_normal(c).astype(np.float32)) if i % 3 != 1 else None
+
+        (km, km2), (fm, fm2), tk, tf = _both(lambda: bn_ops.bn_stats(x), reps, strided)
+        record("bn_stats", dtype, [(km, fm, f"mean {what}"), (km2, fm2, f"m2 {what}")], tk, tf)
+        mean, invstd = fm, (fm2 * (1.0 / cnt) + _EPS) ** -0.5
+        got, want, tk, tf = _both(lambda: bn_ops.bn_normalize(x, mean, invstd, weight, bias), reps, strided)
+        record("bn_normalize", dtype, [(got, want, f"y {what}")], tk, tf)
+        (k1, k2), (f1, f2), tk, tf = _both(lambda: bn_ops.bn_backward_reduce(dy, x, mean, invstd), reps, strided)
+        record("bn_backward_reduce", dtype, [(k1, f1, f"sum_dy {what}"), (k2, f2, f"sum_dy_xhat {what}")], tk, tf)
+        got, want, tk, tf = _both(
+            lambda: bn_ops.bn_backward_elemt(dy, x, mean, invstd, weight, f1, f2, cnt), reps, strided)
+        record("bn_backward_elemt", dtype, [(got, want, f"dx {what}")], tk, tf)
+    rows = []
+    for dtype in ("float32", "float16"):
+        for op in BN_OPS:
+            if (op, dtype) in errs:  # y and dx have x's dtype; the per-channel outputs are float32
+                tol = TOLERANCES[dtype] if op in ("bn_normalize", "bn_backward_elemt") else TOLERANCES["float32"]
+                label = op if dtype == "float32" else f"{op} {dtype}"
+                rows.append(errs[(op, dtype)].row(label, "bn", tol))
+    return rows
+
+
+# -------------------------------------------------------------------------------------- conv ops
+def _conv_cases(quick):
+    """(x shape, weight shape, stride, padding, dilation, groups, bias)."""
+    cases = [((2, 4, 9, 9), (6, 4, 3, 3), 1, 1, 1, 1, True), ((2, 4, 8, 8), (2, 3, 2, 3, 3), 1, 1, 1, 2, False)]
+    if not quick:
+        cases += [((2, 3, 10, 10), (5, 3, 3, 3), 2, 1, 1, 1, False), ((2, 6, 7, 7), (6, 1, 1, 3, 3), 1, 1, 1, 6, True),
+                  ((4, 16, 5, 5), (8, 16, 1, 1), 1, 0, 1, 1, True), ((1, 3, 11, 11), (4, 3, 3, 3), 1, 2, 2, 1, False),
+                  ((3, 8, 16, 16), (16, 8, 3, 3), 2, 1, 1, 1, True)]
+    return cases
+
+
+def _megengine_conv(x, w, b, dy, stride, pad, dil, groups, backward=True):
+    """y, dx, dw, db of MegEngine's conv (F.conv2d and its gradients); y alone without ``backward``."""
+    x, w = mge.tensor(x), mge.tensor(w)
+    bias = None if b is None else mge.tensor(b.reshape(1, -1, 1, 1))
+    if not backward:
+        return F.conv2d(x, w, bias, stride=stride, padding=pad, dilation=dil, groups=groups)
+    gm = GradManager().attach([x, w] + ([] if bias is None else [bias]))
+    with gm:
+        y = F.conv2d(x, w, bias, stride=stride, padding=pad, dilation=dil, groups=groups)
+        gm.backward(y, mge.tensor(dy))
+    return y, x.grad, w.grad, None if bias is None else bias.grad.reshape(-1)
+
+
+def _check_conv(quick, reps):
+    rng = np.random.default_rng(1)
+    errs = {op: _Errors() for op in CONV_OPS}
+    for xs, ws, stride, pad, dil, groups, with_bias in _conv_cases(quick):
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = rng.standard_normal(ws).astype(np.float32)
+        b = rng.standard_normal(ws[0] * (ws[1] if len(ws) == 5 else 1)).astype(np.float32) if with_bias else None
+        kh, kw = ws[-2:]
+        ho = (xs[2] + 2 * pad - dil * (kh - 1) - 1) // stride + 1
+        wo = (xs[3] + 2 * pad - dil * (kw - 1) - 1) // stride + 1
+        out_c = ws[0] * (ws[1] if len(ws) == 5 else 1)
+        dy = rng.standard_normal((xs[0], out_c, ho, wo)).astype(np.float32)
+        geom = ConvGeometry((stride, stride), (pad, pad), (dil, dil), groups)
+        what = f"x {xs} w {ws} stride {stride} pad {pad} dil {dil} groups {groups} bias {with_bias}"
+        (y, dx, dw, db), t_step = _timed(lambda: _megengine_conv(x, w, b, dy, stride, pad, dil, groups), reps)
+        _, t_fwd = _timed(lambda: _megengine_conv(x, w, b, dy, stride, pad, dil, groups, backward=False), reps)
+        t_bwd = max(t_step - t_fwd, 0.0) / 2  # MegEngine's two gradients, timed together: half each
+        xt, wt, dyt = mge.tensor(x), mge.tensor(w), mge.tensor(dy)
+        bt = None if b is None else mge.tensor(b)
+        got, tk = _timed(lambda: conv_forward(xt, wt, bt, geom), reps)
+        errs["conv_fwd"].compare(got, y, f"y {what}")
+        got_dx, tkd = _timed(lambda: conv_backward_data(dyt, wt, xs[2:], geom), reps)
+        errs["conv_bwd_data"].compare(got_dx, dx, f"dx {what}")
+        (got_dw, got_db), tkw = _timed(lambda: conv_backward_weights(xt, dyt, (kh, kw), geom, with_bias), reps)
+        errs["conv_bwd_filter"].compare(got_dw, dw, f"dw {what}")
+        if with_bias:
+            errs["conv_bwd_filter"].compare(got_db, db, f"db {what}")
+        for op, t, t_ref in (("conv_fwd", tk, t_fwd), ("conv_bwd_data", tkd, t_bwd), ("conv_bwd_filter", tkw, t_bwd)):
+            e = errs[op]
+            e.cases, e.kernel_s, e.fallback_s = e.cases + 1, e.kernel_s + t, e.fallback_s + t_ref
+    return [errs[op].row(op, "conv", TOLERANCES["conv"]) for op in CONV_OPS]
+
+
+# --------------------------------------------------------------------------------------- SyncBN
+def _shards(total, world, empty_rank):
+    """Per-rank batch sizes: uneven (rank r gets more than rank r + 1), or the last rank empty."""
+    if empty_rank:
+        base = [total // (world - 1)] * (world - 1)
+        base[0] += total - sum(base)
+        return base + [0]
+    weights = np.arange(world, 0, -1, dtype=np.float64)
+    sizes = np.maximum(1, np.floor(total * weights / weights.sum())).astype(int)
+    sizes[0] += total - sizes.sum()
+    return [int(s) for s in sizes]
+
+
+def _sync_bn_step(c, w, b, x, dy, whole_batch=False):
+    """y, dx, dweight, dbias, running mean and var after one training step of a new SyncBatchNorm (weight
+    ``w``, bias ``b``) on ``x`` with upstream gradient ``dy``; ``whole_batch``: local statistics, no collective."""
+    bn = SyncBatchNorm(c, eps=_EPS, momentum=0.9)
+    bn.weight[...] = mge.tensor(w.reshape(bn.weight.shape))
+    bn.bias[...] = mge.tensor(b.reshape(bn.bias.shape))
+    x, dy = mge.tensor(x), mge.tensor(dy)
+    gm = GradManager().attach([x, bn.weight, bn.bias])
+    with gm, (local_statistics(bn) if whole_batch else contextlib.nullcontext()):
+        y = bn(x)
+        gm.backward(y, dy)
+    return (y, x.grad, F.concat([bn.weight.grad.reshape(-1), bn.bias.grad.reshape(-1)]),
+            bn.running_mean.reshape(-1), bn.running_var.reshape(-1))
+
+
+def _check_sync_bn(reps):
+    """SyncBatchNorm (kernels) on each rank's shard vs one-process fallback BN of the whole batch."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rng = np.random.default_rng(2)  # the same global batches on every rank
+    e = _Errors()
+    for shape, empty_rank in (((4 * world + 1, 3, 5, 4), False), ((4 * world, 5), True), ((3 * world, 2, 3), False)):
+        c = shape[1]
+        x = (rng.standard_normal(shape) * 1.5 + 3.0).astype(np.float32)
+        dy = rng.standard_normal(shape).astype(np.float32)
+        w, b = rng.uniform(0.5, 1.5, c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+        sizes = _shards(shape[0], world, empty_rank)
+        lo, hi = sum(sizes[:rank]), sum(sizes[:rank + 1])
+        what = f"{shape} shards {sizes}"
+        results = {}
+        for path in ("kernel", "fallback"):
+            with bn_ops.use_backend(path):
+                out, t = _timed(lambda: _sync_bn_step(c, w, b, x[lo:hi], dy[lo:hi]), reps)
+            # the parameter gradients' all-reduce of data-parallel training
+            results[path] = out[:2] + (dist.all_reduce_sum(out[2]),) + out[3:] + (t,)
+        with bn_ops.use_backend("fallback"):
+            ry, rdx, rdwb, rrm, rrv = _sync_bn_step(c, w, b, x, dy, whole_batch=True)
+        ky, kdx, kdwb, krm, krv, tk = results["kernel"]
+        e.compare(ky, ry.numpy()[lo:hi], f"y {what}")
+        e.compare(kdx, rdx.numpy()[lo:hi], f"dx {what}")
+        e.compare(kdwb, rdwb, f"dweight/dbias {what}")
+        e.compare(krm, rrm, f"running_mean {what}")
+        e.compare(krv, rrv, f"running_var {what}")
+        e.cases, e.kernel_s, e.fallback_s = e.cases + 1, e.kernel_s + tk, e.fallback_s + results["fallback"][-1]
+    # every rank reports the worst error of any rank
+    worst = dist.all_gather(np.array([e.max_abs, e.max_rel], dtype=np.float64))
+    e.max_abs, e.max_rel = float(np.max(worst[:, 0])), float(np.max(worst[:, 1]))
+    if not e.notes:
+        e.notes = [f"on another rank of {world}"]
+    return [e.row("sync_bn", "sync_bn", TOLERANCES["sync_bn"])]
+
+
+# ----------------------------------------------------------------------------------------- driver
+def _skipped(family, reason):
+    return [CheckRow(op, family, 0, math.nan, math.nan, math.nan, math.nan, math.nan, "skip", reason)
+            for op in FAMILIES[family]]
+
+
+def _failed(family, exc):
+    note = f"raised {type(exc).__name__}: {exc}".splitlines()[0][:300]
+    return [CheckRow(op, family, 0, math.inf, math.inf, math.nan, math.nan, math.nan, "FAIL", note)
+            for op in FAMILIES[family]]
+
+
+def run_selfcheck(quick=False, families=("bn", "conv", "sync_bn")):
+    """One :class:`CheckRow` per op of ``families`` (``"bn"``, ``"conv"``, ``"sync_bn"``) on the current device.
+
+    ``quick``: a few small cases, no repeated timing (what training runs). A family that cannot run here
+    (kernels not built, conv on GPU, SyncBN in one process) gives ``"skip"`` rows; an op that raises fails.
+    ``sync_bn`` issues collectives: every rank must call this with the same arguments.
+    """
+    lib = load_kernels()
+    gpu = device_is_gpu()
+    reps = 0 if quick else 2
+    rows = []
+    for family in families:
+        reason = None
+        if lib is None:
+            reason = f"the kernel library did not build: {kernel_error()}"
+        elif family == "conv" and gpu:
+            reason = "the oneDNN conv ops are CPU-only"
+        elif family == "conv" and not conv_kernel_available():
+            reason = conv_kernel_error()
+        elif family != "conv" and gpu and not lib["cuda"]:
+            reason = "the kernel library was built without CUDA (no toolkit found, or BASEBN_KERNEL_CUDA=0)"
+        elif family == "sync_bn" and dist.get_world_size() < 2:
+            reason = "one process (launch with mpiexec -n 2, or --devices N on GPUs)"
+        if reason:
+            rows += _skipped(family, reason)
+            continue
+        check = {"bn": lambda: _check_bn(quick, reps, gpu), "conv": lambda: _check_conv(quick, reps),
+                 "sync_bn": lambda: _check_sync_bn(reps)}[family]
+        try:
+            rows += check()
+        except Exception as exc:  # noqa: BLE001 - an op that raises disagrees with MegEngine
+            if family == "sync_bn":
+                raise  # the other ranks are in its collectives: let the caller end the job
+            rows += _failed(family, exc)
+    return rows
+
+
+def format_rows(rows):
+    """The rows as an aligned text table (op, cases, max abs err, max rel err, tolerance, ms, verdict)."""
+    head = ("op", "cases", "max abs err", "max rel err", "tol", "kernel ms", "fallback ms", "verdict")
+    lines = [head]
+    for r in rows:
+        num = lambda v, f: "-" if not math.isfinite(v) and r.verdict == "skip" else format(v, f)  # noqa: E731
+        lines.append((r.op, str(r.cases), num(r.max_abs, ".2e"), num(r.max_rel, ".2e"), num(r.tol, ".0e"),
+                      num(r.kernel_ms, ".2f"), num(r.fallback_ms, ".2f"),
+                      r.verdict + (f"  ({r.note})" if r.note else "")))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
+    return os.linesep.join("  ".join(v.ljust(w) for v, w in zip(line, widths)) + "  " + line[-1]
+                           for line in lines)

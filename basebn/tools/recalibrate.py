@@ -1,0 +1,99 @@
+"""python -m basebn.tools.recalibrate CONFIG|zoo:NAME -w WEIGHTS -o OUT.npz [KEY=VALUE ...]
+       [--method pooled|batch_average] [--num-samples N] [--ema] [--force]
+
+Re-estimates every BN layer's population statistics on the training split with the data settings of the
+config and its KEY=VALUE overrides (e.g. data.image_size=36 to test at a larger size, FixRes-style; or after
+fusing, pruning or any other edit of the weights) and writes the weights, new statistics included, to
+OUT.npz (a basebn weights file: -w OUT.npz loads it). The pass is precise BN's (basebn.layers.update_bn_stats:
+the model in train mode on training batches with their augmentation, statistics pooled exactly over
+batches and ranks); weights are not changed. FrozenBatchNorm2d layers and BN layers with freeze=True keep
+theirs. An existing OUT is never overwritten without --force.
+"""
+import argparse
+import os
+import sys
+
+from loguru import logger
+
+from .. import distributed as dist
+from ..checkpoint import model_state, save_npz_weights
+from ..cli import cli_main
+from ..config import ConfigError
+from ..engine.build import build_data, build_model_from_cfg, check_input_size, resolve_config
+from ..engine.logging import setup_logging
+from ..layers import update_bn_stats
+from ..layers.precise_bn import METHODS
+from ..models import load_weights
+
+__all__ = ["recalibrate", "check_output", "build_parser", "main"]
+
+
+def check_output(out, force):
+    """ConfigError (one line) when OUT cannot or must not be written."""
+    if not out.endswith(".npz"):
+        raise ConfigError(f"-o {out!r}: the output is an .npz weights file; give a name ending in .npz")
+    if os.path.isdir(out):
+        raise ConfigError(f"-o {out!r} is a directory; give a file name ending in .npz")
+    if os.path.exists(out) and not force:
+        raise ConfigError(f"-o {out!r} exists; give another name or add --force to overwrite it")
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"-o {out!r}: folder {parent!r} does not exist")
+
+
+def recalibrate(cfg, weights, out, method="pooled", num_samples=8192, ema=False):
+    """Load `weights` into cfg's model, re-estimate its BN statistics on cfg's training data (precise BN's
+    pass) and write the model state to `out` (rank 0). Returns precise BN's summary."""
+    dist.init("auto")
+    ds, loader = build_data(cfg, train=True)
+    model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
+    check_input_size(model, ds.image_shape, cfg.model.name)
+    load_weights(model, weights, ema=ema)
+    loader.set_epoch(0)  # a fixed, seeded sample order and augmentation
+    summary = update_bn_stats(model, loader, num_samples=num_samples, method=method, progress=True)
+    if summary["layers"] == 0:
+        raise ConfigError(f"no BN statistics to re-estimate ({summary['samples']} samples; skipped: "
+                          f"{summary['skipped'] or 'none'}); nothing written")
+    if dist.is_main_process():
+        c, h, w = ds.image_shape
+        meta = {"source": str(weights) + (" (EMA)" if ema else ""), "recalibrated": method,
+                "samples": int(summary["samples"]), "image_shape": [int(c), int(h), int(w)],
+                "model": cfg.model.name, "num_classes": int(cfg.num_classes)}
+        save_npz_weights(out, model_state(model), meta=meta)
+    return summary
+
+
+def build_parser():
+    """The argument parser."""
+    p = argparse.ArgumentParser(prog="python -m basebn.tools.recalibrate", description=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="experiment file, or zoo:NAME (its own config and weights)")
+    p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides (e.g. data.image_size=36)")
+    p.add_argument("-w", "--weights", help="checkpoint file, run directory or zoo:NAME (default for zoo:NAME: it)")
+    p.add_argument("-o", "--output", required=True, help="output .npz weights file")
+    p.add_argument("--method", default="pooled", choices=METHODS,
+                   help="pooled (population variance, default) or batch_average (pycls's)")
+    p.add_argument("--num-samples", type=int, default=8192, help="training samples to use (default 8192)")
+    p.add_argument("--ema", action="store_true", help="recalibrate the checkpoint's EMA weights")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    return p
+
+
+@cli_main
+def main(argv=None):
+    """Entry point; returns the exit code."""
+    args = build_parser().parse_intermixed_args(argv)
+    if args.num_samples < 1:
+        raise ConfigError(f"--num-samples must be at least 1, got {args.num_samples}")
+    check_output(args.output, args.force)
+    setup_logging(None)
+    cfg, weights = resolve_config(args.config, args.overrides, args.weights)
+    summary = recalibrate(cfg, weights, args.output, args.method, args.num_samples, args.ema)
+    if dist.is_main_process():
+        logger.info(f"wrote {args.output}: {summary['layers']} BN layer(s) re-estimated ({args.method}) from "
+                    f"{summary['samples']} training samples; load it with -w {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The self-check's failure path on CPU: a kernel library built from sources with a planted wrong constant.
+
+The copy of basebn/kernels multiplies every normalised value by 1.01 (bn_math.h, bn_normalize_elem); it
+is built BN-only (no oneDNN: seconds) with $BASEBN_KERNEL_DIR and a fresh $BASEBN_KERNEL_CACHE, in
+subprocesses (MegEngine loads one custom-op library per process). The self-check must fail naming
+bn_normalize and nothing else; training must warn once and then train exactly as the pure-MegEngine BN
+ops do (CPU training is deterministic), and, with BASEBN_SELFCHECK=0, differently (the planted error reaches
+training, so the check is what protects it).
+"""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from basebn.layers import kernel_build
+from tests.support import ROOT
+from tests.support.cli import PY, metrics, run
+from tests.support.mpi_launch import find_mpiexec
+
+CORRECT = "return (x - mean) * scale + bias;"
+PLANTED = "return (x - mean) * scale * 1.01f + bias;"
+WARNING = "basebn self-check:"
+
+
+@pytest.fixture(scope="module")
+def bad_env(tmp_path_factory):
+    """Environment of a process that builds and loads the planted library (built once, here)."""
+    root = tmp_path_factory.mktemp("planted")
+    src = root / "kernels"
+    shutil.copytree(kernel_build.kernel_source_dir(), src)
+    math_h = src / "bn_math.h"
+    text = math_h.read_text()
+    assert text.count(CORRECT) == 1, "bn_math.h changed: update the planted constant"
+    math_h.write_text(text.replace(CORRECT, PLANTED))
+    env = dict(os.environ, PYTHONPATH=ROOT, BASEBN_KERNEL_DIR=str(src), BASEBN_KERNEL_CACHE=str(root / "cache"),
+               BASEBN_ONEDNN_ROOT=str(root / "no-onednn"), BASEBN_KERNEL_CUDA="0")
+    for var in ("BASEBN_BN_BACKEND", "BASEBN_CONV_BACKEND", "BASEBN_SELFCHECK"):
+        env.pop(var, None)
+    r = run(["basebn.tools.selfcheck", "--quick", "--json"], env=env)  # builds the library
+    env["FIRST_SELFCHECK"] = json.dumps([r.returncode, r.stdout, r.stderr])
+    return env
+
+
+def _rows(stdout):
+    return {row["op"]: row for row in json.loads(stdout.strip().splitlines()[-1])["rows"]}
+
+
+def test_selfcheck_fails_naming_the_wrong_op(bad_env):
+    code, out, err = json.loads(bad_env["FIRST_SELFCHECK"])
+    assert code == 1, out + err
+    rows = _rows(out)
+    assert [op for op, row in rows.items() if row["verdict"] == "FAIL"] == ["bn_normalize"]
+    assert 5e-3 < rows["bn_normalize"]["max_rel"] < 2e-2  # the planted 1% (of the largest |y|)
+    assert {rows[op]["verdict"] for op in ("bn_stats", "bn_backward_reduce", "bn_backward_elemt")} == {"ok"}
+    r = run(["basebn.tools.selfcheck", "--quick"], env=bad_env)  # the table names it too
+    assert r.returncode == 1
+    assert [ln.split()[0] for ln in r.stdout.splitlines() if "FAIL" in ln] == ["bn_normalize"]
+
+
+def test_training_falls_back_with_one_warning_and_trains_as_megengine(bad_env, tiny, tmp_path):
+    ref_env = dict(bad_env, BASEBN_BN_BACKEND="fallback", BASEBN_CONV_BACKEND="megengine", BASEBN_SELFCHECK="0")
+    ref = run(["basebn.train", tiny, f"output_dir={tmp_path / 'ref'}"], env=ref_env)
+    assert ref.returncode == 0, ref.stderr
+    for attempt in ("checked", "cached"):  # the second run reads the verdict cached by the first
+        r = run(["basebn.train", tiny, f"output_dir={tmp_path / attempt}"], env=bad_env)
+        assert r.returncode == 0, r.stderr
+        log = r.stdout + r.stderr
+        assert log.count(WARNING) == 1, log[-3000:]
+        line = next(ln for ln in log.splitlines() if WARNING in ln)
+        assert "bn_normalize" in line and "BASEBN_BN_BACKEND=fallback" in line and "report" in line
+        assert metrics(str(tmp_path / attempt)) == metrics(str(tmp_path / "ref"))
+    cached = [f for d in os.listdir(bad_env["BASEBN_KERNEL_CACHE"])
+              for f in os.listdir(os.path.join(bad_env["BASEBN_KERNEL_CACHE"], d)) if f.startswith("selfcheck-")]
+    assert len(cached) == 1, cached
+
+
+def test_without_the_check_the_wrong_kernel_reaches_training(bad_env, tiny, tmp_path):
+    ref_env = dict(bad_env, BASEBN_BN_BACKEND="fallback", BASEBN_CONV_BACKEND="megengine", BASEBN_SELFCHECK="0")
+    ref = run(["basebn.train", tiny, f"output_dir={tmp_path / 'ref'}", "solver.max_epoch=1"], env=ref_env)
+    off = run(["basebn.train", tiny, f"output_dir={tmp_path / 'off'}", "solver.max_epoch=1"],
+              env=dict(bad_env, BASEBN_SELFCHECK="0"))
+    assert ref.returncode == 0 and off.returncode == 0, ref.stderr + off.stderr
+    assert WARNING not in off.stdout + off.stderr
+    assert metrics(str(tmp_path / "off")) != metrics(str(tmp_path / "ref"))
+
+
+@pytest.mark.mpi
+def test_two_process_selfcheck_fails_sync_bn_too(bad_env):
+    """Under mpiexec both ranks check their device and SyncBatchNorm; the planted error shows in both."""
+    env = {k: v for k, v in bad_env.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_"))}
+    cmd = [find_mpiexec(), "-n", "2", PY, "-m", "basebn.tools.selfcheck", "--quick", "--json"]
+    r = subprocess.run(cmd, cwd=ROOT, env=dict(env, OMP_NUM_THREADS="1"), stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report["world_size"] == 2
+    assert {row["op"] for row in report["rows"] if row["verdict"] == "FAIL"} == {"bn_normalize", "sync_bn"}
+    assert [row["op"] for row in report["failed_on_other_ranks"]] == ["bn_normalize"]
