@@ -2,8 +2,9 @@
 
 User errors print `error: ...` and exit 2; a full or read-only disk, or a permission the process lacks, prints
 one line naming which and exits 1; Ctrl-C prints one line and exits 130, SIGTERM (what job schedulers send)
-the same line and 143 (128 + the signal's number, as for Ctrl-C). In a multi-process job a failing rank ends the whole job (MPI_Abort),
-after a short pause on ranks other than 0 so that rank 0's own error, when it has one, is the one printed.
+the same line and 143 (128 + the signal's number, as for Ctrl-C). In a multi-process job a failing rank ends
+the whole job (MPI_Abort), after a short pause on ranks other than 0 so that rank 0's own error, when it has
+one, is the one printed.
 """
 import errno
 import functools

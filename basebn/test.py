@@ -9,7 +9,6 @@ basecls:PATH, timm:PATH (.safetensors), or an exported model (.mge / .onnx, from
 to a temporary .mge / .onnx file (or take the -w file as is) and run that file in GraphInference /
 MegEngine Lite / onnxruntime.
 """
-import argparse
 import json
 import os
 import sys
@@ -29,6 +28,7 @@ from .engine.build import build_data, example_input, load_trained, resolve_confi
 from .engine.evaluate import evaluate
 from .engine.logging import setup_logging
 from .layers import enable_efficient_conv_bn_eval
+from .utils.cli_args import MAX_THREADS, OneLineArgumentParser, bounded_int
 
 __all__ = ["test", "main", "is_exported_file"]
 
@@ -77,15 +77,16 @@ def test(cfg, weights, ema=False, backend="eager", threads=None, adapt=None):
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="python -m basebn.test", description=__doc__.split("\n")[0])
-    p.add_argument("config", help="experiment file, or zoo:NAME to evaluate a zoo entry with its own config")
-    p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides (e.g. data.root=...)")
+    p = OneLineArgumentParser(prog="python -m basebn.test", description=__doc__.split("\n")[0])
+    p.add_argument("config", metavar="CONFIG",
+                   help="experiment file, or zoo:NAME to evaluate a zoo entry with its own config")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (e.g. data.root=...)")
     p.add_argument("-w", "--weights", help="checkpoint file, run directory, zoo:NAME or exported .mge/.onnx file")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     p.add_argument("--backend", default="eager", choices=["eager", *BACKENDS],
                    help="eager MegEngine (default), or an exported graph in megengine (GraphInference), "
                         "lite (MegEngine Lite) or onnxruntime")
-    p.add_argument("--threads", type=int, help="runtime threads for an exported graph (default: the runtime's own)")
+    p.add_argument("--threads", type=bounded_int(1, MAX_THREADS), help="runtime threads for an exported graph (default: the runtime's own)")
     p.add_argument("--json", action="store_true", help='print a last line {"top1":..,"top5":..,"loss":..,"images":..}')
     add_adapt_arguments(p)
     return p.parse_intermixed_args(argv)

@@ -1,10 +1,9 @@
-"""python -m basebn.train CONFIG.py [KEY=VALUE ...] [--resume | --restart] [--devices N]
+"""python -m basebn.train CONFIG.py [KEY=VALUE ...] [--resume [--allow-config-change] | --restart] [--devices N]
 
 Multi-process: on GPUs `--devices N` starts N processes with MegEngine's launcher (NCCL), and
 `--num-machines M --machine-rank R --dist-url tcp://HOST:PORT` spreads them over M machines;
 on CPU run `mpiexec -n N python -m basebn.train ...` (MPI; `-f HOSTFILE` for several machines).
 """
-import argparse
 import json
 import os
 import random
@@ -26,11 +25,13 @@ from .engine.build import (build_data, build_ema, build_grad_scaler, build_preci
 from .engine.hooks import default_hooks
 from .engine.logging import setup_logging
 from .engine.metrics_log import metrics_path, truncate_metrics
+from .engine.resume_check import check_resume, config_changes, describe_changes
 from .engine.run_dir import open_run_dir
 from .engine.optimizer import build_optimizer
 from .engine.training_state import restore_training_state
 from .engine.run_record import RunRecord
 from .engine.trainer import NonFiniteLossError
+from .utils.cli_args import MAX_DEVICES, MAX_MACHINES, OneLineArgumentParser, bounded_int
 from .utils.fs import atomic_write_bytes, remove_stale_tmp
 
 __all__ = ["train", "main"]
@@ -120,6 +121,9 @@ def _resume(trainer, run_dir):
             truncate_metrics(run_dir, 0)
         return 1
     path, ckpt = found
+    changes = config_changes(trainer.cfg, run_dir)  # main() refused them unless --allow-config-change
+    if changes:
+        logger.warning(f"--resume --allow-config-change: continuing with a changed config: {describe_changes(changes)}")
     epoch = restore_training_state(trainer, ckpt, source=path)
     logger.info(f"resumed from {path} after epoch {epoch}")
     if main:
@@ -135,18 +139,27 @@ def _resume(trainer, run_dir):
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="python -m basebn.train", description=__doc__.split("\n")[0])
-    p.add_argument("config", help="experiment file, e.g. configs/quickstart.py")
-    p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides, e.g. solver.max_epoch=3")
+    p = OneLineArgumentParser(prog="python -m basebn.train", description=__doc__.split("\n")[0])
+    p.add_argument("config", metavar="CONFIG", help="experiment file, e.g. configs/quickstart.py")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. solver.max_epoch=3")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue the run in output_dir from its last checkpoint")
     again.add_argument("--restart", action="store_true",
                        help="start over in output_dir, moving a previous run there to OUTPUT_DIR.old-TIMESTAMP")
-    p.add_argument("--devices", type=int, default=1, help="GPU processes per machine (CPU: use mpiexec -n N)")
-    p.add_argument("--num-machines", type=int, default=1, help="machines taking part (GPU launcher)")
-    p.add_argument("--machine-rank", type=int, default=0, help="this machine's index, 0 on the master")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: continue even though the config differs from the run's (batch size, lr, "
+                        "model, max_epoch, ...); without it such a resume is refused, naming what differs")
+    p.add_argument("--devices", type=bounded_int(1, MAX_DEVICES), default=1,
+                   help="GPU processes per machine (CPU: use mpiexec -n N)")
+    p.add_argument("--num-machines", type=bounded_int(1, MAX_MACHINES), default=1,
+                   help="machines taking part (GPU launcher)")
+    p.add_argument("--machine-rank", type=bounded_int(0, MAX_MACHINES - 1), default=0,
+                   help="this machine's index, 0 on the master")
     p.add_argument("--dist-url", default=None, help="tcp://MASTER_HOST:PORT when --num-machines > 1")
-    return p.parse_intermixed_args(argv)
+    args = p.parse_intermixed_args(argv)
+    if args.allow_config_change and not args.resume:
+        p.error("--allow-config-change goes with --resume (a new run takes any config)")
+    return args
 
 
 def launcher_options(devices, num_machines=1, machine_rank=0, dist_url=None):
@@ -189,6 +202,8 @@ def main(argv=None):
     """CLI entry: parse argv, train (or launch GPU workers); returns the exit code."""
     args = _parse(argv)
     cfg = load_config(args.config, args.overrides)  # fail on bad keys before anything starts
+    if args.resume:
+        check_resume(cfg, allow_config_change=args.allow_config_change)
     if args.devices > 1 or args.num_machines > 1:
         options = launcher_options(args.devices, args.num_machines, args.machine_rank, args.dist_url)
         if not mge.is_cuda_available():

@@ -21,7 +21,8 @@ skimage's gaussian(multichannel=True), removed in scikit-image 0.20, and pkg_res
     $(scripts/find_python310.sh) -m venv .venv-corrupt
     .venv-corrupt/bin/pip install "numpy<2" "scikit-image==0.19.3" "scipy<1.14" "opencv-python<4.11" pillow \
         "setuptools<81" imagecorruptions==1.1.2
-Needs no basebn import (the IDX files are read and written here with numpy); ~2-3 minutes per severity on 1 core.
+Needs no basebn import (the IDX files are read and written here with numpy); about a minute per severity on one
+core (most of it glass blur's per-pixel loop).
 """
 import argparse
 import gzip

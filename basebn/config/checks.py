@@ -6,11 +6,13 @@ A rule is a callable returning None when the value is fine, else what the value 
 import difflib
 import math
 import numbers
+import os
 
 from ..data import DATASET_ALIASES, DATASET_NAMES, DataError
 from ..data.augment import ERASE_MODES, INTERPOLATIONS, TRAIN_CROPS, parse_policy
 from ..layers.norm import NORM_KINDS
 from ..models import RESNET_FAMILIES, ZERO_INIT_FAMILIES, list_models, model_info
+from ..utils.cli_args import MAX_BATCH, MAX_CLASSES, MAX_IMAGE_SIZE, MAX_SAMPLES, MAX_WORKERS
 from .defaults import DEFAULTS
 
 __all__ = ["RULES", "check_values", "CheckFailed"]
@@ -263,6 +265,54 @@ def _model_family_checks(flat):
         f"residual block ending in a norm; set it to None or False")
 
 
+# ---------------------------------------------------------------------------------------- upper bounds
+# RULES say what a value must be; these say how large a number may plausibly be (a mistyped exponent fails here,
+# in one line, not as a MemoryError or a thousand forked workers later). The bounds shared with the CLIs'
+# arguments come from basebn.utils.cli_args.
+UPPER_BOUNDS = {
+    "batch_size": MAX_BATCH,
+    "num_classes": MAX_CLASSES,
+    "seed": 2 ** 64 - 1,  # MegEngine's generator takes an unsigned 64-bit seed
+    "data.image_size": MAX_IMAGE_SIZE,
+    "data.pad": MAX_IMAGE_SIZE,
+    "data.train_size": 10_000_000,
+    "data.test_size": 10_000_000,
+    "data.prefetch": 64,
+    "data.num_workers": MAX_WORKERS,
+    "data.repeated_aug": 64,
+    "data.random_erasing.count": 100,
+    "model.stem_stride": 8,
+    "model.base_width": 4096,
+    "solver.max_epoch": 100_000,
+    "solver.accumulation_steps": 65536,
+    "bn.num_samples_precise": MAX_SAMPLES,
+}
+_SYNTHETIC_BYTES_PER_PIXEL = 16  # float32 noise, image and temporaries while synthetic shapes are drawn
+
+
+def _physical_memory_bytes():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _range_checks(flat):
+    """Numbers within their plausible upper bound, and a synthetic set that fits in memory: (ok, message)."""
+    for key, high in UPPER_BOUNDS.items():
+        v = flat.get(key)
+        if _is_int(v):
+            yield v <= high, f"config key {key!r} must be at most {high}, got {v}"
+    if str(flat.get("data.name")).lower() == "synthetic":
+        size = flat.get("data.image_size") or 16
+        images = flat["data.train_size"] + flat["data.test_size"]
+        need, have = images * size * size * _SYNTHETIC_BYTES_PER_PIXEL, _physical_memory_bytes()
+        yield have is None or need <= have, (
+            f"the synthetic set of data.train_size + data.test_size = {images} images of {size}x{size} px needs "
+            f"about {need / 2 ** 30:.1f} GiB to draw, more than this machine's {(have or 0) / 2 ** 30:.1f} GiB: "
+            f"lower data.train_size, data.test_size or data.image_size")
+
+
 def check_values(flat):
     """Raise CheckFailed for the first value of the flat config `flat` that breaks its rule."""
     for key, rule in RULES.items():
@@ -270,6 +320,9 @@ def check_values(flat):
             msg = rule(flat[key])
             if msg is not None:
                 raise CheckFailed(f"config key {key!r} must be {msg}, got {flat[key]!r}")
+    for ok, msg in _range_checks(flat):
+        if not ok:
+            raise CheckFailed(msg)
     for ok, msg in _cross_checks(flat):
         if not ok:
             raise CheckFailed(msg)

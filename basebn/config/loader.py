@@ -28,7 +28,21 @@ def flatten(d, prefix=""):
     return out
 
 
+def _section_hint(key, valid):
+    """For a section given a value (`model=resnet50`): its `name` key (model.name) or, without one, its keys."""
+    inside = [k for k in valid if k.startswith(key + ".")]
+    if not inside:
+        return None
+    if f"{key}.name" in inside:
+        return f"; {key!r} is a section: did you mean '{key}.name'?"
+    shown = ", ".join(inside[:6]) + (", ..." if len(inside) > 6 else "")
+    return f"; {key!r} is a section: set one of its keys ({shown})"
+
+
 def _nearest(key, valid):
+    section = _section_hint(key, valid)
+    if section is not None:
+        return section
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     if not close:  # match on the last component, e.g. "max_epochs" -> "solver.max_epoch"
         leaf = {k.rsplit(".", 1)[-1]: k for k in valid}

@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 
-__all__ = ["RunDirError", "RunDirLock", "open_run_dir", "previous_run_files", "LOCK_NAME"]
+__all__ = ["RunDirError", "RunDirLock", "open_run_dir", "previous_run_files", "check_not_in_use", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
 RUN_RECORDS = ("config.json", "config_diff.json", "metrics.jsonl")
@@ -33,10 +33,9 @@ class RunDirLock:
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(self._fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            error = _in_use_error(run_dir, self._fd)
             os.close(self._fd)
-            raise RunDirError(f"output_dir {run_dir!r} is in use by {holder}; wait for it to finish, stop it, "
-                              f"or choose another output_dir") from None
+            raise error from None
         os.ftruncate(self._fd, 0)
         started = datetime.datetime.now().isoformat(timespec="seconds")
         os.pwrite(self._fd, f"process {os.getpid()} on {socket.gethostname()} (started {started}: "
@@ -47,6 +46,27 @@ class RunDirLock:
             os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
+
+
+def _in_use_error(run_dir, fd):
+    holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+    return RunDirError(f"output_dir {run_dir!r} is in use by {holder}; wait for it to finish, stop it, "
+                       f"or choose another output_dir")
+
+
+def check_not_in_use(run_dir):
+    """Raise RunDirError naming the holder when a training holds run_dir's lock now; nothing is written (for
+    checks that read the run before taking the lock)."""
+    try:
+        fd = os.open(os.path.join(run_dir, LOCK_NAME), os.O_RDONLY)
+    except OSError:
+        return  # no lock file: no training has held it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _in_use_error(run_dir, fd) from None
+    finally:
+        os.close(fd)  # closing drops the shared lock
 
 
 def _own_files(run_dir):

@@ -19,7 +19,10 @@ from megengine.autodiff import GradManager
 
 from ..cli import cli_main
 from ..config import ConfigError
+from ..engine.build import check_input_size
 from ..models import build_model, list_models, model_info
+from ..utils.cli_args import MAX_BATCH, MAX_IMAGE_SIZE, MAX_ITERS, OneLineArgumentParser, bounded_int
+from .summary import unknown_model_message
 
 __all__ = ["measure", "peak_memory_mib", "main"]
 
@@ -68,14 +71,15 @@ def peak_memory_mib():
 
 def build_parser():
     """The argument parser."""
-    p = argparse.ArgumentParser(prog="python -m basebn.tools.benchmark", description=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", help="model name (python -c 'import basebn.models as m; print(m.list_models())')")
-    p.add_argument("--batch", type=int, default=32, help="images per iteration (default 32)")
-    p.add_argument("--input", type=int, default=None, help="image side in px (default: the model's test size)")
+    p = OneLineArgumentParser(prog="python -m basebn.tools.benchmark", description=__doc__.split("\n\n")[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", help="model name (python -m basebn.tools.summary --list)")
+    p.add_argument("--batch", type=bounded_int(1, MAX_BATCH), default=32, help="images per iteration (default 32)")
+    p.add_argument("--input", type=bounded_int(8, MAX_IMAGE_SIZE), default=None,
+                   help="image side in px (default: the model's test size)")
     p.add_argument("--train", action="store_true", help="time training steps instead of eval forward passes")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
+    p.add_argument("--iters", type=bounded_int(1, MAX_ITERS), default=20, help="timed iterations (default 20)")
+    p.add_argument("--warmup", type=bounded_int(0, MAX_ITERS), default=3, help="untimed iterations first (default 3)")
     return p
 
 
@@ -84,15 +88,10 @@ def main(argv=None):
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
     if args.name not in list_models():
-        raise ConfigError(f"unknown model {args.name!r}: give one of basebn.models.list_models() "
-                          f"(e.g. resnet50, regnetx_002, hrnet_w18)")
-    for flag in ("batch", "iters"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
-    if args.warmup < 0 or (args.input is not None and args.input < 8):
-        raise ConfigError("--warmup must be >= 0 and --input at least 8 px")
+        raise ConfigError(unknown_model_message(args.name))
     size = args.input or model_info(args.name)["input_size"]
     model = build_model(args.name)
+    check_input_size(model, (3, size, size), f"{args.name} (--input {size})")
     seconds = measure(model, args.batch, size, args.train, args.iters, args.warmup)
     memory, what = peak_memory_mib()
     mode = "train" if args.train else "eval"

@@ -13,6 +13,7 @@ from ..checkpoint import model_state, save_npz_weights
 from ..cli import cli_main
 from ..config import ConfigError
 from ..models import build_model, list_models, load_weights
+from ..utils.cli_args import MAX_CLASSES, OneLineArgumentParser, bounded_int
 
 __all__ = ["convert", "build_parser", "main"]
 
@@ -27,12 +28,12 @@ def convert(spec, arch, out, num_classes=1000, ema=False):
 
 def build_parser():
     """The argument parser."""
-    p = argparse.ArgumentParser(prog="python -m basebn.tools.convert_weights", description=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(prog="python -m basebn.tools.convert_weights", description=__doc__.split("\n\n")[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", help="basecls:PATH (mge.save pickle), timm:PATH (.safetensors), or a basebn spec")
     p.add_argument("--arch", required=True, help="basebn model name the weights are for (e.g. resnet50d)")
     p.add_argument("-o", "--output", help="output .npz (default: ARCH.npz in the current directory)")
-    p.add_argument("--num-classes", type=int, default=1000, help="classifier size in the file (default 1000)")
+    p.add_argument("--num-classes", type=bounded_int(1, MAX_CLASSES), default=1000, help="classifier size in the file (default 1000)")
     p.add_argument("--ema", action="store_true", help="take the file's EMA weights (basecls checkpoints)")
     return p
 

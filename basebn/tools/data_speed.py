@@ -14,6 +14,7 @@ import time
 from ..cli import cli_main
 from ..config import load_config
 from ..engine.build import build_data
+from ..utils.cli_args import MAX_ITERS, OneLineArgumentParser, bounded_int
 
 __all__ = ["measure", "main"]
 
@@ -38,15 +39,13 @@ def measure(loader, batches: int):
 @cli_main
 def main(argv=None):
     """Entry point; returns the exit code."""
-    p = argparse.ArgumentParser(prog="python -m basebn.tools.data_speed", description=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", help="experiment file (.py)")
+    p = OneLineArgumentParser(prog="python -m basebn.tools.data_speed", description=__doc__.split("\n\n")[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", metavar="CONFIG", help="experiment file (.py)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, as for basebn.train")
-    p.add_argument("--batches", type=int, default=50, help="batches to time (default 50)")
+    p.add_argument("--batches", type=bounded_int(1, MAX_ITERS), default=50, help="batches to time (default 50)")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
-    args = p.parse_args(argv)
-    if args.batches < 1:
-        p.error("--batches must be >= 1")
+    args = p.parse_intermixed_args(argv)
     cfg = load_config(args.config, args.overrides)
     _, loader = build_data(cfg, train=True)
     try:

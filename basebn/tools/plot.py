@@ -6,7 +6,6 @@ Writes PNGs:
                 weights (and of its EMA weights, if any) are from the population statistics precise BN
                 would compute, so drift shows per layer
 """
-import argparse
 import json
 import os
 import sys
@@ -16,19 +15,20 @@ import numpy as np
 from ..cli import cli_main
 from ..config import BaseConfig
 from ..engine.build import build_data, build_model_from_cfg
+from ..engine.metrics_log import metrics_path, read_metrics as read_metrics_file
 from ..layers.precise_bn import collect_bn_population_stats
 from ..models import load_weights
+from ..utils.cli_args import MAX_SAMPLES, OneLineArgumentParser, bounded_int
 
 __all__ = ["read_metrics", "plot_curves", "bn_drift", "plot_bn_stats", "main"]
 
 
 def read_metrics(run_dir):
     """A run's metrics.jsonl rows (partial or corrupt lines dropped)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
+    path = metrics_path(run_dir)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: is {run_dir!r} a basebn run directory?")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_metrics_file(path)
 
 
 def _pyplot():
@@ -128,11 +128,12 @@ def _bn_series_for_run(run_dir, num_samples):
 @cli_main
 def main(argv=None):
     """CLI entry: draw curves.png (and bn_stats.png with --bn-stats); returns the exit code."""
-    p = argparse.ArgumentParser(prog="python -m basebn.tools.plot", description=__doc__.split("\n")[0])
-    p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
+    p = OneLineArgumentParser(prog="python -m basebn.tools.plot", description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", default=None, help="output folder (default: the first run directory)")
     p.add_argument("--bn-stats", action="store_true", help="also plot BN drift of the first run's final weights")
-    p.add_argument("--num-samples", type=int, default=2048)
+    p.add_argument("--num-samples", type=bounded_int(1, MAX_SAMPLES), default=2048,
+                   help="training samples for the population statistics of --bn-stats (default 2048)")
     args = p.parse_args(argv)
     out = args.out or args.runs[0]
     os.makedirs(out, exist_ok=True)

@@ -7,6 +7,7 @@ list), from one 1-image forward in eval mode with forward hooks. MACs count conv
 norms, activations, pooling and additions are not counted (as pycls / fvcore report "flops").
 """
 import argparse
+import difflib
 import hashlib
 import json
 import sys
@@ -16,9 +17,14 @@ import numpy as np
 import megengine as mge
 import megengine.module as M
 
+from ..cli import quiet_device_probe
+from ..config import ConfigError
+from ..engine.build import check_input_size
 from ..models import build_model, list_models, model_info
+from ..utils.cli_args import MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIZE, OneLineArgumentParser, bounded_int
 
-__all__ = ["conv_macs", "linear_macs", "count_params", "state_dict_sha256", "summarize", "main"]
+__all__ = ["conv_macs", "linear_macs", "count_params", "state_dict_sha256", "summarize", "unknown_model_message",
+           "build_parser", "main"]
 
 
 def conv_macs(conv, output):
@@ -100,24 +106,49 @@ def _print(name, info, out):
         out.write(f"    {stage:<12} {shape}\n")
 
 
+def unknown_model_message(name):
+    """`unknown model NAME` with the closest names (or a few examples) and where the list is."""
+    names = list_models()
+    close = difflib.get_close_matches(str(name), names, n=4, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}?" if close else f"e.g. {', '.join(names[:4])}"
+    return f"unknown model {name!r}: {hint} (python -m basebn.tools.summary --list prints all {len(names)})"
+
+
+def build_parser():
+    """The argument parser: one-line errors, every number range-checked."""
+    p = OneLineArgumentParser(prog="python -m basebn.tools.summary", description=__doc__.split("\n\n")[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", help="model name (see --list)", nargs="?")
+    p.add_argument("--input", type=bounded_int(8, MAX_IMAGE_SIZE), default=None,
+                   help="square input size in px (default: the model's)")
+    p.add_argument("--num-classes", type=bounded_int(1, MAX_CLASSES), default=1000,
+                   help="classifier outputs (default 1000)")
+    p.add_argument("--in-channels", type=bounded_int(1, MAX_CHANNELS), default=3,
+                   help="input image channels (default 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--list", action="store_true", help="list the model names and exit")
+    return p
+
+
 def main(argv=None, out=None):
     """The command line (see the module docstring); writes to `out` (default stdout), returns the exit code."""
     out = out or sys.stdout
-    p = argparse.ArgumentParser(prog="python -m basebn.tools.summary", description=__doc__.split("\n")[2])
-    p.add_argument("name", help="model name (see --list)", nargs="?")
-    p.add_argument("--input", type=int, default=None, help="square input size (default: the model's)")
-    p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--in-channels", type=int, default=3)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--list", action="store_true", help="list the model names and exit")
+    p = build_parser()
     args = p.parse_args(argv)
     if args.list or not args.name:
         out.write("\n".join(list_models()) + "\n")
         return 0
     if args.name not in list_models():
-        p.error(f"unknown model {args.name!r} (see --list)")
+        print(f"error: {unknown_model_message(args.name)}", file=sys.stderr)
+        return 2
+    quiet_device_probe()  # MegEngine's CPU banner and `failed to load cuda func` lines
     size = args.input or model_info(args.name)["input_size"]
     model = build_model(args.name, num_classes=args.num_classes, in_channels=args.in_channels)
+    try:
+        check_input_size(model, (args.in_channels, size, size), f"{args.name} (--input {size})")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     info = summarize(model, size, args.in_channels)
     if args.json:
         info = dict(info, name=args.name, layers=len(info["layers"]))

@@ -35,6 +35,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         """The positionals argparse says are missing, without the optional ones (nargs * or ?) that
         parse_intermixed_args wrongly lists, each by its metavar (CONFIG rather than config)."""
         by_dest = {a.dest: a for a in self._actions if not a.option_strings}
+        by_dest.update({a.metavar: a for a in self._actions if not a.option_strings and isinstance(a.metavar, str)})
         kept = []
         for name in names:
             action = by_dest.get(name)

@@ -3,7 +3,10 @@ import json
 
 from loguru import logger
 
-from basebn.engine.metrics_log import append_metrics, read_metrics, truncate_metrics
+import pytest
+
+from basebn.engine.metrics_log import append_metrics, foreign_metrics_line, read_metrics, truncate_metrics
+from basebn.engine.run_dir import RunDirError
 
 
 def warnings_of(fn):
@@ -35,11 +38,41 @@ def test_corrupt_lines_of_any_kind_are_dropped(tmp_path):
     assert read_metrics(str(tmp_path / "missing.jsonl")) == []
 
 
+def row(epoch):
+    """A row as basebn's EvalHook writes it: the epoch and evaluate()'s metrics."""
+    return {"epoch": epoch, "top1": epoch * 1.5, "top5": 90.0, "loss": 0.5, "images": 37}
+
+
 def test_truncate_keeps_epochs_the_checkpoint_covers(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"epoch": e, "top1": e * 1.5}) + "\n" for e in (1, 2, 3)) + '{"epo')
+    path.write_text("".join(json.dumps(row(e)) + "\n" for e in (1, 2, 3)) + '{"epo')
     kept, _ = warnings_of(lambda: truncate_metrics(str(tmp_path), 2))
-    assert kept == [{"epoch": 1, "top1": 1.5}, {"epoch": 2, "top1": 3.0}]
-    assert path.read_text() == '{"epoch": 1, "top1": 1.5}\n{"epoch": 2, "top1": 3.0}\n'
+    assert kept == [row(1), row(2)]
+    assert path.read_text() == json.dumps(row(1)) + "\n" + json.dumps(row(2)) + "\n"
     assert truncate_metrics(str(tmp_path), 0) == [] and path.read_text() == ""
     assert truncate_metrics(str(tmp_path / "none"), 5) == []
+
+
+@pytest.mark.parametrize("text", [
+    "epoch,top1\n1,50.0\n",                                               # a CSV
+    '{"epoch": 1, "acc": 0.5}\n{"epoch": 2, "acc": 0.6}\n',               # another tool's JSON lines
+    json.dumps(row(1)) + "\n" + '{"step": 100, "loss": 0.3}\n' + json.dumps(row(2)) + "\n",  # mixed in
+    json.dumps(row(1)) + "\n\xff\xfe garbage\n",
+])
+def test_a_metrics_file_basebn_did_not_write_is_refused_and_kept(tmp_path, text):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(text.encode("latin-1") if "\xff" in text else text.encode())
+    before = path.read_bytes()
+    with pytest.raises(RunDirError, match="was not written by basebn .*move it out of output_dir"):
+        truncate_metrics(str(tmp_path), 0)
+    assert path.read_bytes() == before
+
+
+def test_basebn_rows_with_ema_and_cut_off_lines_are_basebns(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    ema = dict(row(2), ema_top1=1.0, ema_top5=2.0, ema_loss=3.0)
+    cut = json.dumps(row(3))[:25]  # a crash mid-line, then the next run's row on a line of its own
+    path.write_text(json.dumps(row(1)) + "\n" + cut + "\n" + json.dumps(ema) + "\n" + '{"ep')
+    assert foreign_metrics_line(str(path)) is None
+    kept, _ = warnings_of(lambda: truncate_metrics(str(tmp_path), 2))
+    assert kept == [row(1), ema]

@@ -71,6 +71,47 @@ def test_ctrl_c_is_one_line(tiny, tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
 
+def start_training(tiny, run_dir, *args):
+    """A training of 50 epochs, returned once its first evaluation is written (training is under way)."""
+    proc = subprocess.Popen([PY, "-m", "basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=50", *args],
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(run_dir, "latest.npz")):
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    return proc
+
+
+def test_sigterm_is_one_line_exit_143_and_the_run_resumes(tiny, tmp_path):
+    """What a job scheduler sends at the end of a time limit: ends as Ctrl-C does, and --resume continues."""
+    run_dir = str(tmp_path / "run")
+    proc = start_training(tiny, run_dir)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1] == ("terminated (SIGTERM); a training run continues from its last "
+                                            "checkpoint with --resume")
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    done = [row["epoch"] for row in metrics(run_dir)]
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", f"solver.max_epoch={done[-1] + 1}", "--resume",
+             "--allow-config-change"])
+    assert r.returncode == 0, r.stderr
+    assert [row["epoch"] for row in metrics(run_dir)] == list(range(1, done[-1] + 2))
+
+
+@pytest.mark.parametrize("umask", [0o002, 0o077])
+def test_run_files_honour_the_umask(tiny, tmp_path, umask):
+    run_dir = tmp_path / "run"
+    r = subprocess.run([PY, "-m", "basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=600,
+                       preexec_fn=lambda: os.umask(umask))
+    assert r.returncode == 0, r.stderr
+    names = sorted(os.listdir(run_dir))
+    assert {"latest.npz", "final.npz", "config.json", "metrics.jsonl", "log.txt", ".lock"} <= set(names)
+    modes = {name: oct(os.stat(run_dir / name).st_mode & 0o777) for name in names}
+    assert modes == {name: oct(0o666 & ~umask) for name in names}  # as `touch` would make them
+
+
 @pytest.mark.parametrize("override, key", [("solver.basic_lr=nan", "solver.basic_lr"),
                                            ("solver.max_epoch=inf", "solver.max_epoch"),
                                            ("model.name=resnet99", "model.name"), ("batch_size=2.5", "batch_size")])
@@ -123,8 +164,8 @@ def test_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_last_one(tiny, 
     assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
     before = snapshot(run_dir)
     fill(small_disk, 16 << 10)
-    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=2", "--resume"])
-    assert r.returncode == 1 and "No space left on device" in r.stderr and "Traceback" not in r.stderr
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=2", "--resume", "--allow-config-change"])
+    assert r.returncode == 1 and "disk full (no space left on device)" in r.stderr and "Traceback" not in r.stderr
     after = snapshot(run_dir)
     for name in before:
         if name not in ("log.txt", "metrics.jsonl", "config.json", "config_diff.json"):
@@ -139,7 +180,7 @@ def test_mpi_a_failing_rank_ends_the_whole_job(tiny, small_disk):
     fill(small_disk, 16 << 10)
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     cmd = [find_mpiexec(), "-n", "2", PY, "-m", "basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=3",
-           "--resume"]
+           "--resume", "--allow-config-change"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -148,7 +189,30 @@ def test_mpi_a_failing_rank_ends_the_whole_job(tiny, small_disk):
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("a rank kept running after rank 0 failed (the job hung)")
     assert proc.returncode != 0
-    assert out.count("No space left on device") == 1, out[-3000:]
+    assert out.count("no space left on device") == 1, out[-3000:]
+
+
+@pytest.mark.mpi
+def test_mpi_sigterm_ends_every_rank_with_one_line(tiny, tmp_path):
+    """SIGTERM to mpiexec (as a scheduler sends it): MPICH forwards it, the job ends with 143 and the one line."""
+    run_dir = str(tmp_path / "run")
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    cmd = [find_mpiexec(), "-n", "2", PY, "-m", "basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=50"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not os.path.exists(os.path.join(run_dir, "latest.npz")):
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the job kept running after SIGTERM")
+    assert proc.returncode == 143, out[-3000:]
+    assert out.count("terminated (SIGTERM); a training run continues from its last checkpoint with --resume") >= 1
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
 
 
 @pytest.mark.mpi

@@ -56,7 +56,7 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(tiny, tmp_path):
     assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
     before = open(os.path.join(run_dir, "latest.npz"), "rb").read()
     r = run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=3", "solver.basic_lr=1e30",
-             "solver.warmup_epochs=0", "--resume"])
+             "solver.warmup_epochs=0", "--resume", "--allow-config-change"])
     assert r.returncode == 1
     assert "loss is nan" in r.stderr.lower() or "loss is inf" in r.stderr.lower()
     assert "iteration" in r.stderr
@@ -301,3 +301,63 @@ def test_other_model_families_train_and_evaluate_from_the_cli(tiny, tmp_path, na
     r = run(["basebn.test", tiny, f"model.name={name}", "model.base_width=None", "data.image_size=16", "-w", run_dir,
              "--json"])
     assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["top1"] == pytest.approx(row["top1"])
+
+
+def files_of(run_dir):
+    """{name: bytes} of every file in run_dir."""
+    return {n: open(os.path.join(run_dir, n), "rb").read() for n in sorted(os.listdir(run_dir))
+            if os.path.isfile(os.path.join(run_dir, n))}
+
+
+def test_resume_with_a_changed_config_says_what_differs_and_needs_the_flag(reference, tmp_path):
+    tiny, ref_dir, _ = reference
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(ref_dir, run_dir)
+    before = files_of(run_dir)
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "batch_size=32", "solver.basic_lr=0.2", "--resume"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "batch_size 16 -> 32" in line and "solver.basic_lr 0.1 -> 0.2" in line and "--allow-config-change" in line
+    assert files_of(run_dir) == before  # refused before anything was written, log.txt included
+    # what changes nothing the run computes may differ: its directory (a copy), workers, logging
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "data.num_workers=0", "log_every_n_iter=5", "--resume"])
+    assert r.returncode == 0, r.stderr
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=3", "--resume", "--allow-config-change"])
+    assert r.returncode == 0, r.stderr
+    assert "continuing with a changed config: solver.max_epoch 2 -> 3" in r.stderr
+    assert [row["epoch"] for row in metrics(run_dir)] == [1, 2, 3]
+    assert json.load(open(os.path.join(run_dir, "config.json")))["solver"]["max_epoch"] == 3  # recorded
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=3", "--resume"])
+    assert r.returncode == 0, r.stderr  # the run's config is now the changed one
+
+
+FOREIGN_METRICS = b"step,loss\n100,0.31\n200,0.27\n"
+
+
+@pytest.mark.parametrize("with_run", [False, True])
+def test_resume_never_rewrites_a_metrics_file_basebn_did_not_write(reference, tmp_path, with_run):
+    tiny, ref_dir, _ = reference
+    run_dir = str(tmp_path / "run")
+    if with_run:
+        shutil.copytree(ref_dir, run_dir)
+    else:
+        os.makedirs(run_dir)  # only the user's own file: the old code truncated it and trained
+    with open(os.path.join(run_dir, "metrics.jsonl"), "wb") as f:
+        f.write(FOREIGN_METRICS)
+    before = files_of(run_dir)
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "--resume"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "metrics.jsonl was not written by basebn (line 1: 'step,loss'" in line and "output_dir" in line
+    assert files_of(run_dir) == before
+
+
+def test_resume_never_overwrites_a_config_json_basebn_did_not_write(tiny, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text('{"name": "my-app", "port": 8080}\n')
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "--resume"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "config.json is not a config basebn wrote" in r.stderr
+    assert (run_dir / "config.json").read_text() == '{"name": "my-app", "port": 8080}\n'
+    assert sorted(os.listdir(run_dir)) == ["config.json"]
