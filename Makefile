@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup quickstart test test-fast test-flaky test-exhaustive bench clean-venv
+.PHONY: setup quickstart test test-fast test-flaky test-exhaustive bench docs clean-venv
 
 $(STAMP): setup.py
 	@PY310=$$(scripts/find_python310.sh) || exit 1; \
@@ -34,6 +34,12 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# the documentation site (MkDocs, in its own venv so basebn's dependencies stay as they are): site/index.html
+DOCS_VENV := .venv-docs
+docs:
+	@[ -x $(DOCS_VENV)/bin/mkdocs ] || { python3 -m venv $(DOCS_VENV) && $(DOCS_VENV)/bin/pip install -q "mkdocs==1.6.1"; }
+	$(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
 
 clean-venv:
 	rm -rf $(VENV)

@@ -21,7 +21,7 @@ from ..config import ConfigError
 from ..layers import convert_to_batchnorm, disable_efficient_conv_bn_eval, revert_sync_batchnorm, update_bn_stats
 from ..layers.norm import is_bn2d, is_frozen_bn
 from ..utils.progress import progress_bar
-from .evaluate import topk_correct
+from .evaluate import score_predictions
 
 __all__ = ["METHODS", "OPTIMIZERS", "prepare_for_adaptation", "adaptable_bn_layers", "predict", "bn_batch_predict",
            "adapt_bn_statistics", "adabn", "tent", "softmax_entropy", "adapt_predictions", "evaluate_adapted",
@@ -219,29 +219,14 @@ class _LabelTap:
         return len(self.loader)
 
 
-def _cross_entropy_sum(logits, labels):
-    logits = logits.astype(np.float64)
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_norm = np.log(np.exp(shifted).sum(axis=1))
-    return float((log_norm - shifted[np.arange(len(labels)), labels]).sum())
-
-
 def evaluate_adapted(model, loader, method, desc="test", **options):
     """``{'top1', 'top5', 'loss', 'images'}`` of ``method``'s logits on a labelled loader, batches in the
     loader's order, summed over ranks (as :func:`basebn.engine.evaluate.evaluate`); options go to
     :func:`adapt_predictions`. The hard labels of each batch score the logits the method yields for it."""
     tap = _LabelTap(loader)
-    totals = np.zeros(4, dtype=np.float64)  # images, top1 hits, top5 hits, loss sum
     logits_iter = adapt_predictions(model, tap, method, **options)
     bar = progress_bar(logits_iter, desc=f"{desc} ({method})", total=len(loader), enabled=dist.is_main_process())
-    for logits in bar:
-        labels = tap.labels
-        top1, top5 = topk_correct(logits, labels)
-        totals += (len(labels), top1, top5, _cross_entropy_sum(logits, labels))
-    n, top1, top5, loss = dist.all_reduce_sum(totals)
-    if n == 0:
-        raise ValueError("evaluation saw no images: the test set is empty")
-    return {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": loss / n, "images": int(n)}
+    return score_predictions((logits, tap.labels) for logits in bar)
 
 
 def store_adapted_statistics(model, batches, method, num_samples=None):

@@ -7,7 +7,7 @@ import megengine.functional as F
 from .. import distributed as dist
 from ..utils.progress import progress_bar
 
-__all__ = ["evaluate", "topk_correct"]
+__all__ = ["evaluate", "topk_correct", "cross_entropy_sum", "score_predictions"]
 
 
 def topk_correct(logits, labels, ks=(1, 5)):
@@ -15,6 +15,34 @@ def topk_correct(logits, labels, ks=(1, 5)):
     order = np.argsort(-logits, axis=1, kind="stable")
     hits = order == labels[:, None]
     return [int(hits[:, :min(k, logits.shape[1])].any(axis=1).sum()) for k in ks]
+
+
+def cross_entropy_sum(logits, labels):
+    """sum over samples of -log softmax(logits)[label] (float64, numerically stable)."""
+    z = np.asarray(logits, np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    log_norm = np.log(np.exp(z).sum(axis=1))
+    return float((log_norm - z[np.arange(len(z)), np.asarray(labels)]).sum())
+
+
+def _metrics(totals):
+    """{'top1', 'top5', 'loss', 'images'} from this rank's [images, top1 hits, top5 hits, loss sum], summed
+    over all ranks."""
+    n, top1, top5, loss = dist.all_reduce_sum(totals)
+    if n == 0:
+        raise ValueError("evaluation saw no images: the test set is empty")
+    return {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": loss / n, "images": int(n)}
+
+
+def score_predictions(pairs):
+    """{'top1', 'top5', 'loss', 'images'} of an iterable of (logits, labels) numpy pairs, summed over all ranks
+    (what :func:`evaluate` reports, for predictions made elsewhere: an exported graph, test-time adaptation)."""
+    totals = np.zeros(4, dtype=np.float64)  # images, top1 hits, top5 hits, loss sum
+    for logits, labels in pairs:
+        labels = np.asarray(labels)
+        top1, top5 = topk_correct(logits, labels)
+        totals += (len(labels), top1, top5, cross_entropy_sum(logits, labels))
+    return _metrics(totals)
 
 
 def evaluate(model, loader, desc="eval"):
@@ -31,7 +59,4 @@ def evaluate(model, loader, desc="eval"):
     finally:
         for m, training in modes:
             m.training = training
-    n, top1, top5, loss = dist.all_reduce_sum(totals)
-    if n == 0:
-        raise ValueError("evaluation saw no images: the test set is empty")
-    return {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": loss / n, "images": int(n)}
+    return _metrics(totals)

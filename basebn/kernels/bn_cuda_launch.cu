@@ -3,6 +3,8 @@
 // (nvcc -shared -Xcompiler -fPIC bn_cuda_launch.cu; see benchmarks/cuda/run_harness.py).
 #include "bn_cuda_launch.h"
 
+#include <type_traits>
+
 #include "bn_cuda_kernels.cuh"
 
 namespace basebn {
@@ -91,20 +93,30 @@ dim3 elem_grid(const Dims3& d) {
     return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
 }
 
+// the per-channel sums of an empty batch: zeros (nothing to do without channels)
 cudaError_t zero_channels(float* a, float* b, int64_t C, cudaStream_t stream) {
+    if (C == 0)
+        return cudaSuccess;
     cudaError_t err = cudaMemsetAsync(a, 0, sizeof(float) * C, stream);
     if (err == cudaSuccess)
         err = cudaMemsetAsync(b, 0, sizeof(float) * C, stream);
     return err;
 }
 
-// f(T()) with T = float or uint16_t (float16 bits)
+// f(T(), Contig()) with T = float or uint16_t (float16 bits) and Contig = std::integral_constant<bool, contig>:
+// the kernel template arguments of one launch, chosen at run time
 template <typename F>
-void dispatch(int dtype, F&& f) {
+void dispatch(int dtype, bool contig, F&& f) {
+    auto with_layout = [&](auto tag) {
+        if (contig)
+            f(tag, std::true_type());
+        else
+            f(tag, std::false_type());
+    };
     if (dtype == BASEBN_BN_FLOAT32)
-        f(float());
+        with_layout(float());
     else
-        f(uint16_t());
+        with_layout(uint16_t());
 }
 
 }  // namespace
@@ -118,23 +130,17 @@ extern "C" cudaError_t basebn_bn_cuda_stats(
     if (!valid(x) || mean == nullptr || m2 == nullptr)
         return cudaErrorInvalidValue;
     const Dims3 d = dims_of(x);
-    if (d.C == 0)
-        return cudaSuccess;
-    if (numel(d) == 0)
+    if (numel(d) == 0)  // also C == 0
         return zero_channels(mean, m2, d.C, stream);
     if (x->data == nullptr)
         return cudaErrorInvalidValue;
     const basebn::BnLayout L = layout_of(x);
     const bool contig = is_contiguous(x) && !force_strided;
-    dispatch(x->dtype, [&](auto tag) {
+    dispatch(x->dtype, contig, [&](auto tag, auto contiguous) {
         using T = decltype(tag);
         const T* px = static_cast<const T*>(x->data);
-        if (contig)
-            kern::stats_kernel<T, true><<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
-                    px, L, d.N, d.C, d.S, mean, m2);
-        else
-            kern::stats_kernel<T, false><<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
-                    px, L, d.N, d.C, d.S, mean, m2);
+        kern::stats_kernel<T, decltype(contiguous)::value><<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
+                px, L, d.N, d.C, d.S, mean, m2);
     });
     return cudaGetLastError();
 }
@@ -151,16 +157,12 @@ extern "C" cudaError_t basebn_bn_cuda_normalize(
         return cudaErrorInvalidValue;
     const basebn::BnLayout L = layout_of(x);
     const bool contig = is_contiguous(x) && !force_strided;
-    dispatch(x->dtype, [&](auto tag) {
+    dispatch(x->dtype, contig, [&](auto tag, auto contiguous) {
         using T = decltype(tag);
         const T* px = static_cast<const T*>(x->data);
         T* py = static_cast<T*>(y);
-        if (contig)
-            kern::normalize_kernel<T, true><<<elem_grid(d), kElemThreads, 0, stream>>>(
-                    px, L, d.N, d.C, d.S, mean, invstd, weight, bias, py);
-        else
-            kern::normalize_kernel<T, false><<<elem_grid(d), kElemThreads, 0, stream>>>(
-                    px, L, d.N, d.C, d.S, mean, invstd, weight, bias, py);
+        kern::normalize_kernel<T, decltype(contiguous)::value><<<elem_grid(d), kElemThreads, 0, stream>>>(
+                px, L, d.N, d.C, d.S, mean, invstd, weight, bias, py);
     });
     return cudaGetLastError();
 }
@@ -171,24 +173,18 @@ extern "C" cudaError_t basebn_bn_cuda_backward_reduce(
     if (!valid(x) || !valid(dy) || !same_shape(dy, x) || sum_dy == nullptr || sum_dy_xhat == nullptr)
         return cudaErrorInvalidValue;
     const Dims3 d = dims_of(x);
-    if (d.C == 0)
-        return cudaSuccess;
-    if (numel(d) == 0)
+    if (numel(d) == 0)  // also C == 0
         return zero_channels(sum_dy, sum_dy_xhat, d.C, stream);
     if (x->data == nullptr || dy->data == nullptr || mean == nullptr || invstd == nullptr)
         return cudaErrorInvalidValue;
     const basebn::BnLayout Lg = layout_of(dy), Lx = layout_of(x);
     const bool contig = is_contiguous(dy) && is_contiguous(x) && !force_strided;
-    dispatch(x->dtype, [&](auto tag) {
+    dispatch(x->dtype, contig, [&](auto tag, auto contiguous) {
         using T = decltype(tag);
         const T* pg = static_cast<const T*>(dy->data);
         const T* px = static_cast<const T*>(x->data);
-        if (contig)
-            kern::backward_reduce_kernel<T, true><<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
-                    pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, sum_dy, sum_dy_xhat);
-        else
-            kern::backward_reduce_kernel<T, false><<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
-                    pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, sum_dy, sum_dy_xhat);
+        kern::backward_reduce_kernel<T, decltype(contiguous)::value><<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
+                pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, sum_dy, sum_dy_xhat);
     });
     return cudaGetLastError();
 }
@@ -208,19 +204,14 @@ extern "C" cudaError_t basebn_bn_cuda_backward_elemt(
     const basebn::BnLayout Lg = layout_of(dy), Lx = layout_of(x);
     const bool contig = is_contiguous(dy) && is_contiguous(x) && !force_strided;
     const double inv_count = count > 0.0 ? 1.0 / count : 0.0;
-    dispatch(x->dtype, [&](auto tag) {
+    dispatch(x->dtype, contig, [&](auto tag, auto contiguous) {
         using T = decltype(tag);
         const T* pg = static_cast<const T*>(dy->data);
         const T* px = static_cast<const T*>(x->data);
         T* po = static_cast<T*>(dx);
-        if (contig)
-            kern::backward_elemt_kernel<T, true><<<elem_grid(d), kElemThreads, 0, stream>>>(
-                    pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, weight, sum_dy, sum_dy_xhat,
-                    inv_count, po);
-        else
-            kern::backward_elemt_kernel<T, false><<<elem_grid(d), kElemThreads, 0, stream>>>(
-                    pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, weight, sum_dy, sum_dy_xhat,
-                    inv_count, po);
+        kern::backward_elemt_kernel<T, decltype(contiguous)::value><<<elem_grid(d), kElemThreads, 0, stream>>>(
+                pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, weight, sum_dy, sum_dy_xhat,
+                inv_count, po);
     });
     return cudaGetLastError();
 }

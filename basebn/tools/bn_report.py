@@ -23,6 +23,7 @@ from ..engine.logging import setup_logging
 from ..layers.norm import bn_layers
 from ..models import load_weights
 from ..models.weights import read_weights, zoo_name
+from ..utils.cli_args import MAX_SAMPLES, OneLineArgumentParser, bounded_int
 
 __all__ = ["read_states", "run_config", "bn_report", "build_parser", "main"]
 
@@ -110,11 +111,11 @@ def _write(report, out_dir):
 
 def build_parser():
     """The argument parser."""
-    p = argparse.ArgumentParser(prog="python -m basebn.tools.bn_report", description=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(prog="python -m basebn.tools.bn_report", description=__doc__.split("\n\n")[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("weights", help="checkpoint / weights file, run directory, or zoo:NAME")
     p.add_argument("config", nargs="?", help="experiment file or zoo:NAME (a run directory has its own)")
-    p.add_argument("--data-samples", type=int, default=2048,
+    p.add_argument("--data-samples", type=bounded_int(0, MAX_SAMPLES), default=2048,
                    help="training samples for the population statistics (default 2048; 0: skip)")
     p.add_argument("--json", action="store_true", help="print the report as a last line of JSON")
     p.add_argument("--out", help="folder for bn_report.txt/.json/.png (default: the run directory or the "
@@ -126,8 +127,6 @@ def build_parser():
 def main(argv=None):
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
-    if args.data_samples < 0:
-        raise ConfigError(f"--data-samples must be >= 0, got {args.data_samples}")
     if zoo_name(args.weights) is None and not os.path.exists(args.weights):
         raise CheckpointError(f"weights {args.weights!r} not found: give a checkpoint file, a run directory or "
                               f"zoo:NAME")

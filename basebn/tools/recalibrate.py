@@ -24,6 +24,7 @@ from ..engine.logging import setup_logging
 from ..layers import update_bn_stats
 from ..layers.precise_bn import METHODS
 from ..models import load_weights
+from ..utils.cli_args import MAX_SAMPLES, OneLineArgumentParser, bounded_int
 
 __all__ = ["recalibrate", "check_output", "build_parser", "main"]
 
@@ -65,15 +66,15 @@ def recalibrate(cfg, weights, out, method="pooled", num_samples=8192, ema=False)
 
 def build_parser():
     """The argument parser."""
-    p = argparse.ArgumentParser(prog="python -m basebn.tools.recalibrate", description=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(prog="python -m basebn.tools.recalibrate", description=__doc__.split("\n\n")[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="experiment file, or zoo:NAME (its own config and weights)")
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides (e.g. data.image_size=36)")
     p.add_argument("-w", "--weights", help="checkpoint file, run directory or zoo:NAME (default for zoo:NAME: it)")
     p.add_argument("-o", "--output", required=True, help="output .npz weights file")
     p.add_argument("--method", default="pooled", choices=METHODS,
                    help="pooled (population variance, default) or batch_average (pycls's)")
-    p.add_argument("--num-samples", type=int, default=8192, help="training samples to use (default 8192)")
+    p.add_argument("--num-samples", type=bounded_int(1, MAX_SAMPLES), default=8192, help="training samples to use (default 8192)")
     p.add_argument("--ema", action="store_true", help="recalibrate the checkpoint's EMA weights")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     return p
@@ -83,8 +84,6 @@ def build_parser():
 def main(argv=None):
     """Entry point; returns the exit code."""
     args = build_parser().parse_intermixed_args(argv)
-    if args.num_samples < 1:
-        raise ConfigError(f"--num-samples must be at least 1, got {args.num_samples}")
     check_output(args.output, args.force)
     setup_logging(None)
     cfg, weights = resolve_config(args.config, args.overrides, args.weights)

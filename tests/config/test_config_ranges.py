@@ -4,6 +4,7 @@ import pytest
 
 from basebn.config import ConfigError, load_config
 from basebn.config import checks
+from tests.support.cli import write_config
 
 GOOD = """from basebn.config import BaseConfig
 class Cfg(BaseConfig):
@@ -15,9 +16,7 @@ class Cfg(BaseConfig):
 
 @pytest.fixture
 def cfg_file(tmp_path):
-    path = tmp_path / "exp.py"
-    path.write_text(GOOD)
-    return str(path)
+    return write_config(tmp_path, GOOD)
 
 
 @pytest.mark.parametrize("override, key", [

@@ -5,6 +5,7 @@ import pytest
 
 from basebn.config import ConfigError, load_config
 from tests.support.cli import run
+from tests.support.cli import write_config
 
 CFG = """from basebn.config import BaseConfig
 class Cfg(BaseConfig):
@@ -14,9 +15,7 @@ class Cfg(BaseConfig):
 
 @pytest.fixture
 def plain(tmp_path):
-    path = tmp_path / "exp.py"
-    path.write_text(CFG)
-    return str(path)
+    return write_config(tmp_path, CFG)
 
 
 @pytest.mark.parametrize("overrides, key, family", [

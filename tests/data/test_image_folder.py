@@ -12,8 +12,8 @@ from tests.support.image_folder import write_image_folder
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("BASEBN_DATA_CACHE", str(tmp_path / "cache"))
+def cache(data_cache, tmp_path, monkeypatch):
+    """Every test here scans folders of its own (no file list remembered by this process either)."""
     monkeypatch.setattr(folder_scan_module, "_SCANNED", {})
     return tmp_path / "cache"
 

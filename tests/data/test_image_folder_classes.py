@@ -5,23 +5,16 @@ import os
 import cv2
 import numpy as np
 import pytest
-from loguru import logger
 
 from basebn.config import ConfigError, load_config
 from basebn.data import DataError, build_dataset, validate_dataset
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("BASEBN_DATA_CACHE", str(tmp_path / "cache"))
+def cache(data_cache):
+    """Every test here scans folders of its own."""
 
 
-@pytest.fixture
-def warnings():
-    seen = []
-    sink = logger.add(lambda m: seen.append(str(m)), level="WARNING", format="{message}")
-    yield seen
-    logger.remove(sink)
 
 
 def write(root, split, classes, per_class=2):

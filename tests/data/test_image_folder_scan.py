@@ -2,43 +2,27 @@
 twice, said), unreadable class directories (an error naming them, or counted), the channel count (a grey image first
 does not make an RGB dataset grey), and truncated JPEGs (a bad image, not trained on)."""
 import os
-import signal
 
 import cv2
 import numpy as np
 import pytest
-from loguru import logger
 
 from basebn.data import DataError, ImageFolder, build_dataset, build_loader
+from tests.support.watchdog import watchdog
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("BASEBN_DATA_CACHE", str(tmp_path / "cache"))
+def cache(data_cache):
+    """Every test here scans folders of its own."""
 
 
 class Hung(Exception):
     """Not an OSError (as TimeoutError is): os.walk swallows those and walks on."""
 
 
-@pytest.fixture(autouse=True)
-def alarm():
-    """A hanging scan fails the test (Hung after 30 s) instead of blocking the suite."""
-    def hung(signum, frame):
-        raise Hung("the image-folder scan hung")
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+alarm = watchdog(30, lambda: Hung("the image-folder scan hung"))
 
 
-@pytest.fixture
-def logs():
-    seen = []
-    sink = logger.add(lambda m: seen.append(str(m)), level="INFO", format="{message}")
-    yield seen
-    logger.remove(sink)
 
 
 def rgb_folder(root, classes=("cat", "dog"), per_class=4, split="train", seed=0):

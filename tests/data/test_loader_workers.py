@@ -13,6 +13,7 @@ from basebn.data import DataError, SyntheticShapes, build_dataset, build_loader
 from basebn.data.augment import build_sample_transform
 from basebn.data.image_folder import decode_image
 from tests.support.image_folder import write_image_folder
+from tests.support.watchdog import watchdog
 
 AUG_TAG, MIX_TAG = 0xA06, 0x313  # the documented stream tags (basebn/data/loader.py)
 
@@ -25,16 +26,7 @@ def folder(tmp_path, monkeypatch):
     return root
 
 
-@pytest.fixture(autouse=True)
-def alarm():
-    """A hang fails the test (TimeoutError after 60 s) instead of blocking the suite."""
-    def hung(signum, frame):
-        raise TimeoutError("the loader hung")
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+alarm = watchdog(60, lambda: TimeoutError("the loader hung"))
 
 
 def epochs(loader, which=(0, 1)):

@@ -2,40 +2,24 @@
 names the epoch as the training log does; evaluation leaves a bad image out instead of counting a duplicate; a bad
 val image is found when the split is opened, before anything trains."""
 import os
-import signal
 
 import cv2
 import numpy as np
 import pytest
-from loguru import logger
 
 from basebn.data import DataError, build_dataset, build_loader
 from tests.support.image_folder import write_corrupt_png, write_image_folder
+from tests.support.watchdog import watchdog
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("BASEBN_DATA_CACHE", str(tmp_path / "cache"))
+def cache(data_cache):
+    """Every test here scans folders of its own."""
 
 
-@pytest.fixture(autouse=True)
-def alarm():
-    """A hang fails the test after 60 s instead of blocking the suite."""
-    def hung(signum, frame):
-        raise RuntimeError("the loader hung")
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+alarm = watchdog(60, lambda: RuntimeError("the loader hung"))
 
 
-@pytest.fixture
-def warnings():
-    seen = []
-    sink = logger.add(lambda m: seen.append(str(m)), level="WARNING", format="{message}")
-    yield seen
-    logger.remove(sink)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -7,29 +7,16 @@ import sys
 import numpy as np
 import pytest
 
-from basebn.checkpoint import save_npz_weights
 from basebn.config import load_config
 from basebn.deploy import cli as deploy_cli
 from basebn.deploy import eager_logits, run_exported
 from basebn.deploy.cli import main as deploy_main
 from basebn.engine.build import load_trained
-from basebn.engine.build import build_data, build_model_from_cfg
 import basebn.test as basebn_test
 
-from .helpers import images, randomize_bn
+from .helpers import images
 
 TOLERANCE = 1e-4
-
-
-@pytest.fixture
-def weights(tiny, tmp_path):
-    """A weights file for the tiny config's model with random BN statistics."""
-    cfg = load_config(tiny)
-    ds, _ = build_data(cfg, train=False)
-    model = randomize_bn(build_model_from_cfg(cfg, in_channels=ds.image_shape[0]))
-    path = str(tmp_path / "w.npz")
-    save_npz_weights(path, {k: np.asarray(v) for k, v in model.state_dict().items()})
-    return path
 
 
 @pytest.mark.parametrize("fmt", ["mge", "onnx"])

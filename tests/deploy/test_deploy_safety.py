@@ -18,7 +18,7 @@ from basebn.deploy.cli import main as deploy_main
 from basebn.engine.build import build_data, build_model_from_cfg, load_trained
 from basebn.models import build_model
 
-from .helpers import images, randomize_bn
+from .helpers import images
 
 RTOL = 1e-4
 
@@ -89,16 +89,6 @@ def test_group_norm_through_the_clis(tiny, tmp_path, capsys):
     for backend in ("onnxruntime", "lite"):
         m = basebn_test.test(cfg, weights, backend=backend)
         assert (m["images"], m["top1"], m["top5"]) == (eager["images"], eager["top1"], eager["top5"]), backend
-
-
-@pytest.fixture
-def weights(tiny, tmp_path):
-    cfg = load_config(tiny)
-    ds, _ = build_data(cfg, train=False)
-    model = randomize_bn(build_model_from_cfg(cfg, in_channels=ds.image_shape[0]))
-    path = str(tmp_path / "w.npz")
-    save_npz_weights(path, {k: np.asarray(v) for k, v in model.state_dict().items()})
-    return path
 
 
 def test_existing_output_is_kept_without_force(tiny, weights, tmp_path, capsys):

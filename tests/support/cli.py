@@ -20,6 +20,13 @@ class Cfg(BaseConfig):
 """
 
 
+def write_config(folder, text, name="exp.py"):
+    """Write an experiment file `text` into `folder`; returns its path as a str."""
+    path = folder / name
+    path.write_text(text)
+    return str(path)
+
+
 def run(args, env=None):
     env = env or dict(os.environ, PYTHONPATH=ROOT)
     return subprocess.run([PY, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
