@@ -28,11 +28,12 @@ setup(
         "onednn-devel-cpu-gomp==2023.2.0",
         "pillow",  # image decoding (WebP, CMYK) and the AutoAugment/RandAugment ops, as timm
         "safetensors",  # timm:/Hugging Face weights, read with its numpy API (no torch)
+        "tensorboardX",  # TensorBoard event files (log.tensorboard): pulls in protobuf and packaging only
     ],
     extras_require={
         "mpi": ["mpi4py", "mpich"],
         "plot": ["matplotlib"],
         "deploy": DEPLOY,
-        "test": ["pytest", "mpi4py", "mpich", "matplotlib"] + DEPLOY,
+        "test": ["pytest", "mpi4py", "mpich", "matplotlib", "tensorboard"] + DEPLOY,  # tensorboard: its event reader
     },
 )

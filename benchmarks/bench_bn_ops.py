@@ -4,7 +4,11 @@
   basebn-fallback  the same four ops through the pure-MegEngine fallback
   mge-BatchNorm2d  megengine.module.BatchNorm2d forward + backward through GradManager
 
-Printed: median ms and speed-up over BatchNorm2d.
+Then the fused BN-activation layers against the same work unfused, forward + backward through GradManager:
+  bn-relu          basebn BatchNorm2d then F.relu            vs  BatchNormAct2d (one fused kernel each way)
+  bn-add-relu      basebn BatchNorm2d, + shortcut, F.relu    vs  BatchNormAct2d(x, shortcut)
+
+Printed: median ms and speed-up over BatchNorm2d (over the unfused layers for the fused ones).
 
     .venv/bin/python benchmarks/bench_bn_ops.py [--reps 7] [--shapes 128,32,28,28 32,256,14,14]
 """
@@ -22,7 +26,7 @@ import megengine.functional as F  # noqa: E402
 import megengine.module as M  # noqa: E402
 from megengine.autodiff import GradManager  # noqa: E402
 
-from basebn.layers import bn_ops, kernel_library  # noqa: E402
+from basebn.layers import BatchNorm2d, BatchNormAct2d, bn_ops, kernel_library  # noqa: E402
 
 EPS = 1e-5
 
@@ -76,6 +80,37 @@ def make_mge_bn(c, x, dy):
         return y, x.grad
 
     return run
+
+
+def make_layer_run(fused, residual, x, s, dy):
+    """Forward + backward of BN -> [add s] -> ReLU: one BatchNormAct2d (``fused``) or BatchNorm2d, add, F.relu."""
+    c = x.shape[1]
+    bn = BatchNormAct2d(c, act="relu") if fused else BatchNorm2d(c)
+    inputs = [x, s] if residual else [x]
+    gm = GradManager().attach(list(bn.parameters()) + inputs)
+
+    def run():
+        with gm:
+            if fused:
+                y = bn(*inputs)
+            else:
+                y = F.relu(bn(x) + s) if residual else F.relu(bn(x))
+            gm.backward(y, dy)
+        return y, x.grad
+
+    return run
+
+
+def fused_rows(shape, rng, reps, warmup):
+    """{name: (median ms, min ms)} of the unfused and fused BN-ReLU and BN-add-ReLU layers (kernel backend)."""
+    x = mge.tensor(rng.standard_normal(shape).astype(np.float32))
+    s = mge.tensor(rng.standard_normal(shape).astype(np.float32))
+    dy = mge.tensor(rng.standard_normal(shape).astype(np.float32))
+    fns = {f"{kind}-{'fused' if fused else 'unfused'}": make_layer_run(fused, kind == "bn-add-relu", x, s, dy)
+           for kind in ("bn-relu", "bn-add-relu") for fused in (False, True)}
+    with bn_ops.use_backend("kernel"):
+        med, best = _interleaved_medians(fns, reps, warmup)
+    return {k: (med[k], best[k]) for k in fns}
 
 
 def main():
@@ -143,6 +178,14 @@ def main():
                       f"{ref / ms:7.2f}x")
         if split:
             print(f"{'':>16} kernel per-op median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
+    if have_kernel:
+        print(f"\n{'shape':>16} {'layers':>20} {'median ms':>10} {'min ms':>8} {'vs unfused':>10}")
+        for spec in args.shapes:
+            shape = tuple(int(v) for v in spec.split(","))
+            res = fused_rows(shape, rng, args.reps, args.warmup)
+            for name, (ms, low) in res.items():
+                ref = res[name.replace("-fused", "-unfused")][0]
+                print(f"{'x'.join(map(str, shape)):>16} {name:>20} {ms:10.2f} {low:8.2f} {ref / ms:9.2f}x")
 
 
 if __name__ == "__main__":

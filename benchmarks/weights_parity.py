@@ -143,13 +143,21 @@ def write_weights(library, state, path):
         save_file(state, path)
 
 
+def basebn_input(library, size=INPUT_SIZE):
+    """The images basebn's model gets for the library's logits on input_batch(size): basecls's models take the
+    batch as BGR, and basebn turns basecls's weights to RGB input, so it gets the channels reversed."""
+    images = input_batch(size=size)
+    return np.ascontiguousarray(images[:, ::-1]) if library == "basecls" else images
+
+
 def basebn_logits(library, name, path, size=INPUT_SIZE, **kwargs):
-    """basebn's eval-mode logits after loading `path` through `library:`. basecls's models and timm's
-    PyTorch ports use BN eps 1e-5; basebn's MobileNetV3 / EfficientNets default to the papers' 1e-3."""
+    """basebn's eval-mode logits after loading `path` through `library:` (basecls: on the channel-reversed
+    input, as basebn turns basecls's BGR weights to RGB). basecls's models and timm's
+    PyTorch ports use BN eps 1e-5 (basebn's default for every family; passed here explicitly all the same)."""
     model = build_model(name, num_classes=NUM_CLASSES, bn_eps=FOREIGN_BN_EPS, **kwargs)
     load_weights(model, f"{library}:{path}")
     model.eval()
-    return model(mge.tensor(input_batch(size=size))).numpy()
+    return model(mge.tensor(basebn_input(library, size))).numpy()
 
 
 def run_case(library, name, ref_name, tmp, fixtures=None):

@@ -218,13 +218,23 @@ RULES = {
     "bn.eps": optional(real(0, low_open=True)),
     "bn.precise_every_n_epoch": every_n_epochs,
     "bn.num_samples_precise": integer(1),
+    "bn.precise_batch_size": optional(integer(1)),
     "bn.precise_method": choice("pooled", "batch_average"),
     "bn.norm_eval": boolean,
     "bn.efficient_conv_bn_eval": boolean,
+    "bn.norm_batch_size": optional(integer(1)),
+    "bn.renorm.r_max": real(1),
+    "bn.renorm.d_max": real(0),
+    "bn.renorm.warmup_epochs": real(0),
+    "bn.renorm.ramp_epochs": real(0),
+    "bn.accumulation_aware": boolean,
+    "bn.sync_buffers": choice("mean", "broadcast", "off"),
+    "bn.freeze_last_epochs": integer(0),
     "amp.enabled": boolean,
     "amp.dynamic_scale": boolean,
     "trace": boolean,
     "log_every_n_iter": integer(1),
+    "log.tensorboard": boolean,
     "save_every_n_epoch": integer(1, inf_ok=True),
     "eval_every_n_epoch": integer(1, inf_ok=True),
 }
@@ -243,6 +253,23 @@ def _cross_checks(flat):
         yield low <= high, f"{key} must be (low, high) with low <= high, got {tuple(flat[key])}"
     steps = list(flat["solver.lr_decay_steps"])
     yield steps == sorted(steps), "solver.lr_decay_steps must be in increasing order"
+    yield from _bn_training_checks(flat)
+
+
+def _bn_training_checks(flat):
+    """The bn.* training keys against batch_size, model.norm and solver.max_epoch: (ok, message)."""
+    size, batch = flat.get("bn.norm_batch_size"), flat["batch_size"]
+    if size is not None:
+        yield batch % size == 0, (f"bn.norm_batch_size={size} must divide batch_size={batch}: choose a divisor "
+                                  f"of {batch} or None")
+        yield flat["model.norm"] == "BN", (f"bn.norm_batch_size applies to model.norm='BN' only, got "
+                                           f"model.norm={flat['model.norm']!r}: set bn.norm_batch_size=None")
+    if flat.get("trace"):
+        yield size is None and flat["model.norm"] not in ("BRN", "SyncBRN"), (
+            "trace=True runs MegEngine's own BN op: it cannot run bn.norm_batch_size or model.norm='BRN'/'SyncBRN'; "
+            "set trace=False")
+    freeze, epochs = flat.get("bn.freeze_last_epochs", 0), flat["solver.max_epoch"]
+    yield freeze <= epochs, (f"bn.freeze_last_epochs={freeze} must be at most solver.max_epoch={epochs}")
 
 
 def _model_family_checks(flat):
@@ -286,6 +313,7 @@ UPPER_BOUNDS = {
     "solver.max_epoch": 100_000,
     "solver.accumulation_steps": 65536,
     "bn.num_samples_precise": MAX_SAMPLES,
+    "bn.precise_batch_size": MAX_BATCH,
 }
 _SYNTHETIC_BYTES_PER_PIXEL = 16  # float32 noise, image and temporaries while synthetic shapes are drawn
 

@@ -64,10 +64,10 @@ DEFAULTS = dict(
         mix_switch_prob=0.5,
         # synthetic dataset sizes
         train_size=6000,
-        test_size=1000,
+        test_size=1000,  # synthetic: test images generated
         # use only the first N samples (of a fixed permutation); None = all
         max_train_samples=None,
-        max_test_samples=None,
+        max_test_samples=None,  # the same for the test split
         # batches prepared ahead of the trainer by each worker (num_workers=0: by one background thread);
         # 0 = none; None = 2; True/False (older configs) are read as 2/0
         prefetch=None,
@@ -114,9 +114,9 @@ DEFAULTS = dict(
         optimizer="sgd",
         # learning rate per process; the total lr is basic_lr * world_size (linear scaling, as basecls)
         basic_lr=0.1,
-        momentum=0.9,
-        weight_decay=5e-4,
-        nesterov=False,
+        momentum=0.9,  # SGD momentum
+        weight_decay=5e-4,  # L2 weight decay (decoupled for adamw)
+        nesterov=False,  # SGD Nesterov momentum
         # adamw betas
         betas=(0.9, 0.999),
         # exclude norm-layer parameters and biases from weight decay
@@ -124,27 +124,27 @@ DEFAULTS = dict(
         max_epoch=10,
         # linear warm-up from basic_lr * warmup_factor, per iteration
         warmup_epochs=1,
-        warmup_factor=0.1,
+        warmup_factor=0.1,  # the warm-up starts at basic_lr * warmup_factor
         # cosine, step or linear (per iteration)
         lr_schedule="cosine",
         # epochs at which "step" multiplies the lr by lr_decay_factor
         lr_decay_steps=(30, 60, 90),
-        lr_decay_factor=0.1,
+        lr_decay_factor=0.1,  # "step": lr multiplier at each of lr_decay_steps
         # the lr ends at basic_lr * lr_min_factor (cosine, linear)
         lr_min_factor=0.0,
         grad_clip=dict(
             # None, "norm" or "value"
             name=None,
-            max_norm=float("inf"),
-            lower=float("-inf"),
-            upper=float("inf"),
+            max_norm=float("inf"),  # "norm": the global gradient norm is clipped to this
+            lower=float("-inf"),  # "value": each gradient element is clipped to [lower, upper]
+            upper=float("inf"),  # (the upper end of that interval)
         ),
         # an optimizer step every N iterations (gradients accumulate in between)
         accumulation_steps=1,
     ),
     model_ema=dict(
-        enabled=False,
-        momentum=0.9999,
+        enabled=False,  # keep an exponential moving average of the weights (timm ModelEma)
+        momentum=0.9999,  # e = momentum * e + (1 - momentum) * p, unless alpha is set
         # update every N iterations
         update_period=1,
         # 0-based epoch from which the EMA averages; before it the EMA copies the model
@@ -156,27 +156,51 @@ DEFAULTS = dict(
     ),
     bn=dict(
         # BN running-stat momentum (MegEngine convention: running = m * running + (1 - m) * batch) and eps
-        # for every BN layer; None = the model family's own (0.9 / 1e-5 for ResNets, 0.99 / 1e-3 EfficientNet)
+        # for every BN layer; None = the model family's own (basecls's 0.9 / 1e-5 for every family)
         momentum=None,
         eps=None,
         # precise BN every N epochs; inf = off, -1 = after the last epoch only
         precise_every_n_epoch=float("inf"),
         num_samples_precise=8192,
+        # images per batch of the precise-BN pass (precise_method="batch_average" averages per-batch statistics,
+        # so it depends on it); None = the training normalization batch size: bn.norm_batch_size, else batch_size
+        precise_batch_size=None,
         # pooled (population statistics) or batch_average (pycls/basecls behaviour, for comparison)
         precise_method="pooled",
         # keep every BN layer in eval mode while training (fine-tuning)
         norm_eval=False,
         # fold BN into the preceding conv on the fly whenever BN runs in eval mode
         efficient_conv_bn_eval=True,
+        # --- BN in training (docs/bn_training.md) ---
+        # ghost BN: training batches normalised in groups of this many samples (model.norm="BN"; must divide
+        # batch_size); None = the whole per-process batch
+        norm_batch_size=None,
+        # Batch Renormalization (model.norm="BRN"/"SyncBRN"): final clip limits, plain BN (r_max 1, d_max 0) for
+        # warmup_epochs, then linear per iteration to the final values over ramp_epochs
+        renorm=dict(r_max=3.0, d_max=5.0, warmup_epochs=1, ramp_epochs=2),
+        # with solver.accumulation_steps > 1: running statistics updated once per optimizer step with the pooled
+        # statistics of its micro-batches (False: once per micro-batch, the old behaviour)
+        accumulation_aware=True,
+        # multi-process runs: local BN running statistics made equal on every rank before each evaluation,
+        # checkpoint and precise-BN pass: "mean" (averaged), "broadcast" (rank 0's) or "off"
+        sync_buffers="mean",
+        # the last N epochs train with every BN layer on its running statistics (precise BN first, when on);
+        # 0 = off
+        freeze_last_epochs=0,
     ),
     amp=dict(
         # mixed precision (GPU only)
         enabled=False,
-        dynamic_scale=False,
+        dynamic_scale=False,  # dynamic loss scaling (grows/backs off with overflow); False = a static scale
     ),
     # compile the training step with megengine.jit.trace
     trace=False,
-    log_every_n_iter=20,
+    log_every_n_iter=20,  # a log line (loss, lr, speed) every N iterations
+    log=dict(
+        # TensorBoard event files in <run dir>/tensorboard (rank 0; tensorboardX): loss, lr, times, images/s every
+        # log_every_n_iter iterations, evaluation metrics, precise-BN drift per layer. `tensorboard --logdir runs`
+        tensorboard=True,
+    ),
     # keep an epoch_N checkpoint every N epochs (latest is always kept); inf = never
     save_every_n_epoch=1,
     # evaluate every N epochs (and always after the last); inf = only after the last

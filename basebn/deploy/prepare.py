@@ -16,6 +16,7 @@ import megengine.functional as F
 import megengine.module as M
 
 from ..layers import disable_efficient_conv_bn_eval, fuse_conv_bn, revert_sync_batchnorm
+from ..layers.bn_act import carry_act
 from ..layers.module_tree import replace_modules
 from ..layers.norm import has_running_stats, is_bn, is_frozen_bn
 from ..models import reparameterize
@@ -91,7 +92,7 @@ def _affine_for(name_of):
             raise ExportError(f"BN layer {name_of.get(id(m), '?')!r} keeps no running statistics "
                               f"(track_running_stats=False): its eval output depends on the batch, so it "
                               f"cannot be exported")
-        return ChannelAffine(*bn_scale_shift(m), name=m.name)
+        return carry_act(m, ChannelAffine(*bn_scale_shift(m), name=m.name))  # (and its activation, if fused)
     return convert
 
 

@@ -14,6 +14,7 @@ import threading
 
 import megengine.distributed as mdist
 
+from .bn_buffers import SYNC_MODES as BN_BUFFER_SYNC_MODES, sync_bn_buffers
 from .local import LocalBackend
 from .mpi import MPIBackend
 from .nccl import NCCLBackend
@@ -40,6 +41,8 @@ __all__ = [
     "launched_rank",
     "abort_job",
     "BACKENDS",
+    "sync_bn_buffers",
+    "BN_BUFFER_SYNC_MODES",
 ]
 
 BACKENDS = ("auto", "nccl", "mpi", "none")

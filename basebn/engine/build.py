@@ -15,7 +15,7 @@ from megengine.autodiff import GradManager
 from .. import distributed as dist
 from ..config import ConfigError, load_config
 from ..data import DataError, build_dataset, build_loader, validate_dataset
-from ..layers import enable_efficient_conv_bn_eval
+from ..layers import enable_efficient_conv_bn_eval, set_norm_batch_size
 from ..layers.kernel_autocheck import ensure_kernels_checked
 from ..models import RESNET_FAMILIES, ZERO_INIT_FAMILIES, build_model, load_weights, model_info
 from ..models.weights import zoo_name
@@ -24,9 +24,9 @@ from .ema import ModelEMA, pycls_momentum
 from .losses import build_loss
 from .trainer import ClsTrainer
 
-__all__ = ["build_data", "build_train_data", "build_precise_bn_loader", "build_model_from_cfg", "build_train_model",
-           "scaled_base_lr", "build_grad_scaler", "build_ema", "build_grad_clip", "build_trainer", "example_input",
-           "zoo_config", "resolve_config", "load_trained", "check_input_size"]
+__all__ = ["build_data", "build_train_data", "build_precise_bn_loader", "precise_bn_batch_size", "build_model_from_cfg",
+           "build_train_model", "scaled_base_lr", "build_grad_scaler", "build_ema", "build_grad_clip", "build_trainer",
+           "example_input", "zoo_config", "resolve_config", "load_trained", "check_input_size"]
 
 
 def zoo_config(name, overrides=()):
@@ -54,15 +54,23 @@ def build_train_data(cfg):
     return ds, loader
 
 
+def precise_bn_batch_size(cfg):
+    """Images per batch of the precise-BN pass: bn.precise_batch_size, else the size training normalised
+    with (bn.norm_batch_size, else batch_size), so that batch_average estimates at the trained size."""
+    return cfg.bn.precise_batch_size or cfg.bn.norm_batch_size or cfg.batch_size
+
+
 def build_precise_bn_loader(cfg):
-    """The precise-BN loader (training split, augmentation, seed + 1), or None when precise BN is off:
-    bn.precise_every_n_epoch inf, or bn.norm_eval (fine-tuning keeps the BN statistics it started from)."""
+    """The precise-BN loader (training split, augmentation, seed + 1, batches of precise_bn_batch_size), or
+    None when precise BN is off: bn.precise_every_n_epoch inf, or bn.norm_eval (fine-tuning keeps the BN
+    statistics it started from)."""
     if cfg.bn.precise_every_n_epoch == math.inf:
         return None
     if cfg.bn.norm_eval:
         logger.info("precise BN off: bn.norm_eval keeps BN statistics frozen")
         return None
-    return build_data(cfg.clone().merge({"seed": cfg.seed + 1}), train=True)[1]
+    return build_data(cfg.clone().merge({"seed": cfg.seed + 1, "batch_size": precise_bn_batch_size(cfg)}),
+                      train=True)[1]
 
 
 def build_model_from_cfg(cfg, in_channels):
@@ -87,9 +95,11 @@ def build_model_from_cfg(cfg, in_channels):
 
 def build_train_model(cfg, dataset):
     """The model to train on `dataset`: built, model.weights loaded (a new head allowed), the same on every
-    rank, efficient conv-BN eval when bn.efficient_conv_bn_eval."""
+    rank, efficient conv-BN eval when bn.efficient_conv_bn_eval, ghost BN groups of bn.norm_batch_size."""
     model = build_model_from_cfg(cfg, in_channels=dataset.image_shape[0])
     check_input_size(model, dataset.image_shape, cfg.model.name)
+    if cfg.bn.norm_batch_size is not None:
+        set_norm_batch_size(model, cfg.bn.norm_batch_size)
     if cfg.model.weights:
         load_weights(model, cfg.model.weights, allow_new_head=True)
     if dist.get_world_size() > 1:  # rank 0's initialisation everywhere
@@ -146,7 +156,7 @@ def build_trainer(cfg, model, train_loader, optimizer, hooks=(), ema=None, grad_
                       hooks=list(hooks), ema=ema, grad_scaler=grad_scaler, record=record,
                       amp=grad_scaler is not None, accumulation_steps=cfg.solver.accumulation_steps,
                       clip_grads=build_grad_clip(cfg.solver.grad_clip), trace=cfg.trace, norm_eval=cfg.bn.norm_eval,
-                      config=cfg)
+                      config=cfg, bn_accumulation_aware=cfg.bn.accumulation_aware)
 
 
 def example_input(dataset):

@@ -26,14 +26,16 @@ from loguru import logger
 from .. import distributed as dist
 from ..checkpoint import write_epoch_end, write_final
 from ..layers.precise_bn import update_bn_stats
+from .bn_hooks import BatchRenormHook, BNBufferSyncHook, FreezeBNHook, NonFiniteBNHook, freeze_start_epoch
 from .ema import ema_should_update
 from .evaluate import evaluate
 from .lr_schedule import lr_at
 from .metrics_log import append_metrics, metrics_path
+from .tensorboard_hook import tensorboard_hooks
 from .training_state import capture_training_state
 
 __all__ = ["LRScheduleHook", "EMAHook", "LoggerHook", "PreciseBNHook", "EvalHook", "CheckpointHook",
-           "default_hooks", "every_n_epochs"]
+           "default_hooks", "bn_training_hooks", "every_n_epochs"]
 
 
 def every_n_epochs(epoch, max_epoch, n):
@@ -120,12 +122,15 @@ class PreciseBNHook(BaseHook):
 
     priority = 40
 
-    def __init__(self, loader, every_n_epoch, num_samples, method):
+    def __init__(self, loader, every_n_epoch, num_samples, method, last_epoch=math.inf):
         self.loader, self.every, self.num_samples, self.method = loader, every_n_epoch, num_samples, method
+        self.last_epoch = last_epoch  # none after it (bn.freeze_last_epochs: the statistics stay frozen)
 
     def after_epoch(self):
         t = self.trainer
         if self.every == math.inf or not every_n_epochs(t.progress.epoch, t.progress.max_epoch, self.every):
+            return
+        if t.progress.epoch > self.last_epoch:
             return
         self.loader.set_epoch(t.progress.epoch - 1)
         logger.info(f"precise BN ({self.method}) on {self.num_samples} samples after epoch {t.progress.epoch}")
@@ -140,14 +145,15 @@ class EvalHook(BaseHook):
 
     priority = 50
 
-    def __init__(self, loader, every_n_epoch, run_dir, record):
+    def __init__(self, loader, every_n_epoch, run_dir, record, extra_metrics=None):
         self.loader, self.every, self.path, self.record = loader, every_n_epoch, metrics_path(run_dir), record
+        self.extra_metrics = extra_metrics  # () -> dict added to the row (NonFiniteBNHook.metrics)
 
     def after_epoch(self):
         t = self.trainer
         epoch = t.progress.epoch
-        if not every_n_epochs(epoch, t.progress.max_epoch, self.every):
-            self.record.observe(epoch, None)
+        if epoch != t.progress.max_epoch and not every_n_epochs(epoch, t.progress.max_epoch, self.every):
+            self.record.observe(epoch, None)  # the last epoch is always evaluated (eval_every_n_epoch=inf: only it)
             return
         if hasattr(self.loader, "set_epoch"):  # a data warning of this pass then names the epoch
             self.loader.set_epoch(epoch - 1)
@@ -155,6 +161,8 @@ class EvalHook(BaseHook):
         if t.ema is not None:
             e = evaluate(t.ema.module, self.loader, desc=f"eval EMA epoch {epoch}")
             m.update({f"ema_{k}": v for k, v in e.items() if k != "images"})
+        if self.extra_metrics is not None:
+            m.update(self.extra_metrics())
         self.record.observe(epoch, m)
         msg = f"epoch {epoch} eval: top1 {m['top1']:.2f} top5 {m['top5']:.2f} loss {m['loss']:.4f} ({m['images']} images)"
         if "ema_top1" in m:
@@ -189,6 +197,21 @@ class CheckpointHook(BaseHook):
             logger.info(f"final weights: {path}")
 
 
+def bn_training_hooks(cfg, precise_loader):
+    """(hooks, first frozen epoch or inf) of the bn.* training keys; hooks[0] is the NonFiniteBNHook. Their
+    priorities (10-45, between the hooks above) are explained in engine/bn_hooks.py."""
+    hooks = [NonFiniteBNHook()]
+    if cfg.model.norm in ("BRN", "SyncBRN"):
+        r = cfg.bn.renorm
+        hooks.append(BatchRenormHook(r.r_max, r.d_max, r.warmup_epochs, r.ramp_epochs))
+    if dist.get_world_size() > 1 and cfg.bn.sync_buffers != "off":
+        hooks.append(BNBufferSyncHook(cfg.bn.sync_buffers))
+    freeze_from = freeze_start_epoch(cfg.solver.max_epoch, cfg.bn.freeze_last_epochs)
+    if freeze_from != math.inf:
+        hooks.append(FreezeBNHook(freeze_from, precise_loader, cfg.bn.num_samples_precise, cfg.bn.precise_method))
+    return hooks, freeze_from
+
+
 def default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader, record):
     """The hooks cfg asks for (the one config -> hook switch): lr schedule, EMA (model_ema.enabled), logger,
     precise BN (when `precise_loader` is not None: engine/build.py's build_precise_bn_loader decides), eval
@@ -197,9 +220,13 @@ def default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader, record):
     if cfg.model_ema.enabled:
         hooks.append(EMAHook(cfg.model_ema.start_epoch, cfg.model_ema.update_period))
     hooks.append(LoggerHook(cfg.log_every_n_iter))
+    bn_hooks, freeze_from = bn_training_hooks(cfg, precise_loader)
+    hooks.extend(bn_hooks)
     if precise_loader is not None:
         hooks.append(PreciseBNHook(precise_loader, cfg.bn.precise_every_n_epoch, cfg.bn.num_samples_precise,
-                                   cfg.bn.precise_method))
-    hooks.append(EvalHook(test_loader, cfg.eval_every_n_epoch, run_dir, record))
+                                   cfg.bn.precise_method, last_epoch=freeze_from - 1))
+    hooks.append(EvalHook(test_loader, cfg.eval_every_n_epoch, run_dir, record, extra_metrics=bn_hooks[0].metrics))
+    if cfg.log.tensorboard:  # rank 0 only; a snapshot hook (38) and the writer (55): engine/tensorboard_hook.py
+        hooks.extend(tensorboard_hooks(run_dir, cfg.log_every_n_iter, record, precise_bn=precise_loader is not None))
     hooks.append(CheckpointHook(run_dir, cfg.save_every_n_epoch, record))
     return hooks

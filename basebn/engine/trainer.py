@@ -15,6 +15,8 @@ from loguru import logger
 from megengine.jit import trace as jit_trace
 
 from .. import distributed as dist
+from ..layers.bn_accumulation import BNStatsAccumulator
+from ..layers.bn_guard import restore_running_stats, snapshot_running_stats
 from ..layers.conv import fast_cpu_weight_grad
 from ..layers.norm import set_norm_eval
 from .run_record import RunRecord
@@ -41,14 +43,16 @@ class ClsTrainer(BaseTrainer):
     (ModelEMA or None), grad_scaler (or None), record (the run's RunRecord; a fresh one by default), amp
     (autocast the forward), accumulation_steps, clip_grads (``params -> None`` or None), trace (jit-trace
     the step), norm_eval (BN layers stay in eval mode), config (the run's config: recorded in checkpoints
-    and read by resume, never by the step).
+    and read by resume, never by the step), bn_accumulation_aware (with accumulation_steps > 1, BN running
+    statistics move once per optimizer step, pooled over its micro-batches: layers/bn_accumulation.py).
+    A step the grad scaler skips (overflow) also rolls back that step's BN running-statistic updates.
     Attributes: those, meter (values of the last iteration for the logger), iters_per_epoch.
     Checkpoints capture and restore the training state in engine/training_state.py.
     """
 
     def __init__(self, model, train_loader, optimizer, grad_manager, loss_fn, hooks=None, ema=None,
                  grad_scaler=None, record=None, amp=False, accumulation_steps=1, clip_grads=None, trace=False,
-                 norm_eval=False, config=None):
+                 norm_eval=False, config=None, bn_accumulation_aware=True):
         super().__init__(model, train_loader, solver=None, hooks=hooks)
         self.cfg = config
         self.optimizer = optimizer
@@ -61,6 +65,8 @@ class ClsTrainer(BaseTrainer):
         self.accum = int(accumulation_steps)
         self.clip_grads = clip_grads
         self.norm_eval = norm_eval
+        self._bn_window = BNStatsAccumulator(model) if self.accum > 1 and bn_accumulation_aware else None
+        self._bn_snapshot = None  # BN buffers before this optimizer step's micro-batches (grad scaler on)
         self.meter = {}
         self._epoch_iter = None
         self._loss_fn = loss_fn
@@ -114,9 +120,12 @@ class ClsTrainer(BaseTrainer):
         t0 = time.perf_counter()
         images, labels = next(self._epoch_iter)
         t1 = time.perf_counter()
+        self._open_bn_window()
         loss, logits = self._forward_backward(mge.tensor(images), mge.tensor(labels), self._loss_scale())
         loss_value = self._sync_grads(loss)
         if not math.isfinite(loss_value):
+            if self._bn_window is not None:
+                self._bn_window.discard()
             raise NonFiniteLossError(
                 f"loss is {loss_value} at epoch {self.progress.epoch} iteration {self.progress.iter} "
                 f"(global iteration {self.global_iter}); stopped before the optimizer step. Lower "
@@ -124,6 +133,10 @@ class ClsTrainer(BaseTrainer):
             )
         if (self.global_iter + 1) % self.accum == 0:
             self._optimizer_step()
+        elif self.progress.iter == self.iters_per_epoch:  # the epoch's hooks (precise BN, eval, save) see it all
+            self._bn_snapshot = None
+            if self._bn_window is not None:
+                self._bn_window.finish()
         hard = labels.argmax(axis=1) if labels.ndim == 2 else labels  # soft targets: their top class
         top1 = float((logits.numpy().argmax(axis=1) == hard).mean() * 100)
         t2 = time.perf_counter()
@@ -166,11 +179,25 @@ class ClsTrainer(BaseTrainer):
             offset += g.size
         return float(flat[-1].item())
 
+    def _open_bn_window(self):
+        """At an optimizer step's first micro-batch: snapshot BN buffers (grad scaler on), start pooling."""
+        if self.grad_scaler is not None and self._bn_snapshot is None:
+            self._bn_snapshot = snapshot_running_stats(self.model)
+        if self._bn_window is not None and not self._bn_window.active:
+            self._bn_window.start()
+
     def _optimizer_step(self):
+        if self._bn_window is not None and self._bn_window.active:
+            self._bn_window.finish()
+        snapshot, self._bn_snapshot = self._bn_snapshot, None
         if self.grad_scaler is not None:
             # once per optimizer step, on the accumulated, all-reduced gradients: every micro-step used the
             # same scale (it only changes here), and all ranks see the same gradients, so they agree on overflow
             self.grad_scaler.unscale(self.grad_manager.attached_tensors())
+            if getattr(self.grad_scaler, "_found_non_finite", False) and snapshot is not None:
+                restore_running_stats(snapshot)  # the skipped step leaves no trace in the BN buffers either
+                logger.warning(f"grad scaler skipped the step at global iteration {self.global_iter} (overflow): "
+                               f"BN running statistics rolled back")
             self.grad_scaler.update()
         if self.clip_grads is not None:
             self.clip_grads(self.params)

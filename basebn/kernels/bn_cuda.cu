@@ -94,3 +94,53 @@ void backward_elemt(
 
 }  // namespace cuda
 }  // namespace basebn
+
+// ------------------------------------------------------------------ fused BN -> activation (bn_act_kernels.h)
+#include "bn_act_kernels.h"
+
+namespace basebn {
+namespace cuda {
+
+void act_normalize(
+        const Tensor& x, const Tensor* shortcut, const Tensor& mean, const Tensor& invstd, const Tensor* weight,
+        const Tensor* bias, int act, Tensor& y, bool force_strided) {
+    if (x.size() == 0)
+        return;
+    const BasebnBnTensor vx = view_of(x);
+    BasebnBnTensor vs;
+    if (shortcut != nullptr)
+        vs = view_of(*shortcut);
+    check(basebn_bn_cuda_act_normalize(&vx, shortcut != nullptr ? &vs : nullptr, channel_ptr(&mean),
+                                       channel_ptr(&invstd), channel_ptr(weight), channel_ptr(bias), act,
+                                       y.data(), force_strided, custom::get_cuda_stream(x.device())),
+          "basebn act_normalize_kernel");
+}
+
+void act_backward_reduce(
+        const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& mean, const Tensor& invstd, int act,
+        Tensor& sum_dz, Tensor& sum_dz_xhat, bool force_strided) {
+    const BasebnBnTensor vg = view_of(dy), vy = view_of(y), vx = view_of(x);
+    const bool empty = x.size() == 0;  // (mean / invstd are not read then)
+    check(basebn_bn_cuda_act_backward_reduce(&vg, &vy, &vx, empty ? nullptr : channel_ptr(&mean),
+                                             empty ? nullptr : channel_ptr(&invstd), act, sum_dz.data<float>(),
+                                             sum_dz_xhat.data<float>(), force_strided,
+                                             custom::get_cuda_stream(x.device())),
+          "basebn act_backward_reduce_kernel");
+}
+
+void act_backward_elemt(
+        const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+        const Tensor* weight, const Tensor& sum_dz, const Tensor& sum_dz_xhat, double count, int act, Tensor& dx,
+        Tensor* dshortcut, bool force_strided) {
+    if (x.size() == 0)
+        return;
+    const BasebnBnTensor vg = view_of(dy), vy = view_of(y), vx = view_of(x);
+    check(basebn_bn_cuda_act_backward_elemt(&vg, &vy, &vx, channel_ptr(&mean), channel_ptr(&invstd),
+                                            channel_ptr(weight), channel_ptr(&sum_dz), channel_ptr(&sum_dz_xhat),
+                                            count, act, dx.data(), dshortcut != nullptr ? dshortcut->data() : nullptr,
+                                            force_strided, custom::get_cuda_stream(x.device())),
+          "basebn act_backward_elemt_kernel");
+}
+
+}  // namespace cuda
+}  // namespace basebn

@@ -172,6 +172,86 @@ __global__ void backward_elemt_kernel(
     }
 }
 
+// ------------------------------------------------------------------ fused BN -> activation (bn_math.h)
+// As normalize / backward_reduce / backward_elemt, with y = act(bn(x) [+ shortcut]) and dz = act'(y) * dy;
+// y is not read for the identity (it may be NULL then), shortcut only when Add, dshortcut only when Short.
+template <typename T, bool Contig, int Act>
+__device__ __forceinline__ float act_grad_at(
+        const T* __restrict__ dy, const BnLayout& Ldy, const T* __restrict__ y, const BnLayout& Ly,
+        int64_t n, int64_t c, int64_t s, int64_t C, int64_t S) {
+    const float g = BnIO<T>::load(dy[elem_offset<Contig>(Ldy, n, c, s, C, S)]);
+    if (Act == kBnActIdentity)
+        return g;
+    return bn_act_grad<Act>(g, BnIO<T>::load(y[elem_offset<Contig>(Ly, n, c, s, C, S)]));
+}
+
+template <typename T, bool Contig, int Act, bool Add>
+__global__ void act_normalize_kernel(
+        const T* __restrict__ x, BnLayout L, const T* __restrict__ sc, BnLayout Ls, int64_t N, int64_t C,
+        int64_t S, const float* __restrict__ mean, const float* __restrict__ invstd,
+        const float* __restrict__ weight, const float* __restrict__ bias, T* __restrict__ y) {
+    const int64_t per_c = N * S;
+    for (int64_t c = blockIdx.y; c < C; c += gridDim.y) {
+        const float m = mean[c];
+        const float scale = bn_norm_scale(invstd[c], weight ? weight[c] : 1.f);
+        const float b = bias ? bias[c] : 0.f;
+        for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < per_c;
+             k += (int64_t)gridDim.x * blockDim.x) {
+            const int64_t n = k / S, s = k - n * S;
+            float v = bn_normalize_elem(BnIO<T>::load(x[elem_offset<Contig>(L, n, c, s, C, S)]), m, scale, b);
+            if (Add)
+                v += BnIO<T>::load(sc[elem_offset<Contig>(Ls, n, c, s, C, S)]);
+            y[(n * C + c) * S + s] = BnIO<T>::store(bn_act_apply<Act>(v));
+        }
+    }
+}
+
+template <typename T, bool Contig, int Act>
+__global__ void act_backward_reduce_kernel(
+        const T* __restrict__ dy, BnLayout Ldy, const T* __restrict__ y, BnLayout Ly, const T* __restrict__ x,
+        BnLayout Lx, int64_t N, int64_t C, int64_t S, const float* __restrict__ mean,
+        const float* __restrict__ invstd, float* __restrict__ sum_dz, float* __restrict__ sum_dz_xhat) {
+    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+        const float m = mean[c];
+        float a = 0.f, b = 0.f;
+        for (int64_t i = threadIdx.y; i < N; i += blockDim.y)
+            for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
+                const float g = act_grad_at<T, Contig, Act>(dy, Ldy, y, Ly, i, c, s, C, S);
+                a += g;
+                b += g * (BnIO<T>::load(x[elem_offset<Contig>(Lx, i, c, s, C, S)]) - m);
+            }
+        block_sum2(a, b);
+        if (threadIdx.x == 0 && threadIdx.y == 0) {
+            sum_dz[c] = a;
+            sum_dz_xhat[c] = b * invstd[c];
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T, bool Contig, int Act, bool Short>
+__global__ void act_backward_elemt_kernel(
+        const T* __restrict__ dy, BnLayout Ldy, const T* __restrict__ y, BnLayout Ly, const T* __restrict__ x,
+        BnLayout Lx, int64_t N, int64_t C, int64_t S, const float* __restrict__ mean,
+        const float* __restrict__ invstd, const float* __restrict__ weight, const float* __restrict__ sum_dz,
+        const float* __restrict__ sum_dz_xhat, double inv_count, T* __restrict__ dx, T* __restrict__ ds) {
+    const int64_t per_c = N * S;
+    for (int64_t c = blockIdx.y; c < C; c += gridDim.y) {
+        const float m = mean[c];
+        const BnElemtCoef k = bn_elemt_coef(
+                invstd[c], weight ? weight[c] : 1.f, sum_dz[c], sum_dz_xhat[c], inv_count);
+        for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < per_c;
+             e += (int64_t)gridDim.x * blockDim.x) {
+            const int64_t n = e / S, s = e - n * S, o = (n * C + c) * S + s;
+            const float g = act_grad_at<T, Contig, Act>(dy, Ldy, y, Ly, n, c, s, C, S);
+            const float xv = BnIO<T>::load(x[elem_offset<Contig>(Lx, n, c, s, C, S)]);
+            dx[o] = BnIO<T>::store(bn_elemt_elem(g, xv, m, k));
+            if (Short)
+                ds[o] = BnIO<T>::store(g);
+        }
+    }
+}
+
 }  // namespace kern
 }  // namespace cuda
 }  // namespace basebn

@@ -215,3 +215,124 @@ extern "C" cudaError_t basebn_bn_cuda_backward_elemt(
     });
     return cudaGetLastError();
 }
+
+// ------------------------------------------------------------------ fused BN -> activation
+namespace basebn {
+namespace cuda {
+namespace {
+
+bool valid_act(int act) {
+    return act == kBnActIdentity || act == kBnActRelu || act == kBnActRelu6;
+}
+
+// f(T(), Contig(), Act()) for the run-time dtype, layout and activation code (valid_act checked)
+template <typename F>
+void dispatch_act(int dtype, bool contig, int act, F&& f) {
+    dispatch(dtype, contig, [&](auto tag, auto contiguous) {
+        if (act == kBnActRelu)
+            f(tag, contiguous, std::integral_constant<int, kBnActRelu>());
+        else if (act == kBnActRelu6)
+            f(tag, contiguous, std::integral_constant<int, kBnActRelu6>());
+        else
+            f(tag, contiguous, std::integral_constant<int, kBnActIdentity>());
+    });
+}
+
+// y of an act backward: x's shape and dtype, or NULL for the identity (then x's layout stands in)
+bool valid_output_like(const BasebnBnTensor* y, const BasebnBnTensor* x, int act) {
+    if (act == kBnActIdentity && y == nullptr)
+        return true;
+    return valid(y) && same_shape(y, x) && (y->data != nullptr || numel(dims_of(x)) == 0);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace basebn
+
+extern "C" cudaError_t basebn_bn_cuda_act_normalize(
+        const BasebnBnTensor* x, const BasebnBnTensor* shortcut, const float* mean, const float* invstd,
+        const float* weight, const float* bias, int act, void* y, int force_strided, cudaStream_t stream) {
+    if (!valid(x) || !valid_act(act) || (shortcut != nullptr && !(valid(shortcut) && same_shape(shortcut, x))))
+        return cudaErrorInvalidValue;
+    const Dims3 d = dims_of(x);
+    if (numel(d) == 0)
+        return cudaSuccess;
+    if (x->data == nullptr || mean == nullptr || invstd == nullptr || y == nullptr ||
+        (shortcut != nullptr && shortcut->data == nullptr))
+        return cudaErrorInvalidValue;
+    const basebn::BnLayout L = layout_of(x), Ls = layout_of(shortcut != nullptr ? shortcut : x);
+    const bool contig = is_contiguous(x) && (shortcut == nullptr || is_contiguous(shortcut)) && !force_strided;
+    dispatch_act(x->dtype, contig, act, [&](auto tag, auto contiguous, auto act_c) {
+        using T = decltype(tag);
+        constexpr bool C = decltype(contiguous)::value;
+        constexpr int A = decltype(act_c)::value;
+        const T* px = static_cast<const T*>(x->data);
+        T* py = static_cast<T*>(y);
+        if (shortcut != nullptr)
+            kern::act_normalize_kernel<T, C, A, true><<<elem_grid(d), kElemThreads, 0, stream>>>(
+                    px, L, static_cast<const T*>(shortcut->data), Ls, d.N, d.C, d.S, mean, invstd, weight, bias, py);
+        else
+            kern::act_normalize_kernel<T, C, A, false><<<elem_grid(d), kElemThreads, 0, stream>>>(
+                    px, L, nullptr, Ls, d.N, d.C, d.S, mean, invstd, weight, bias, py);
+    });
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t basebn_bn_cuda_act_backward_reduce(
+        const BasebnBnTensor* dy, const BasebnBnTensor* y, const BasebnBnTensor* x, const float* mean,
+        const float* invstd, int act, float* sum_dz, float* sum_dz_xhat, int force_strided, cudaStream_t stream) {
+    if (!valid(x) || !valid(dy) || !same_shape(dy, x) || !valid_act(act) || !valid_output_like(y, x, act) ||
+        sum_dz == nullptr || sum_dz_xhat == nullptr)
+        return cudaErrorInvalidValue;
+    const Dims3 d = dims_of(x);
+    if (numel(d) == 0)  // also C == 0
+        return zero_channels(sum_dz, sum_dz_xhat, d.C, stream);
+    if (x->data == nullptr || dy->data == nullptr || mean == nullptr || invstd == nullptr)
+        return cudaErrorInvalidValue;
+    const BasebnBnTensor* yv = y != nullptr ? y : x;
+    const basebn::BnLayout Lg = layout_of(dy), Ly = layout_of(yv), Lx = layout_of(x);
+    const bool contig = is_contiguous(dy) && is_contiguous(yv) && is_contiguous(x) && !force_strided;
+    dispatch_act(x->dtype, contig, act, [&](auto tag, auto contiguous, auto act_c) {
+        using T = decltype(tag);
+        kern::act_backward_reduce_kernel<T, decltype(contiguous)::value, decltype(act_c)::value>
+                <<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
+                        static_cast<const T*>(dy->data), Lg, static_cast<const T*>(yv->data), Ly,
+                        static_cast<const T*>(x->data), Lx, d.N, d.C, d.S, mean, invstd, sum_dz, sum_dz_xhat);
+    });
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t basebn_bn_cuda_act_backward_elemt(
+        const BasebnBnTensor* dy, const BasebnBnTensor* y, const BasebnBnTensor* x, const float* mean,
+        const float* invstd, const float* weight, const float* sum_dz, const float* sum_dz_xhat, double count,
+        int act, void* dx, void* dshortcut, int force_strided, cudaStream_t stream) {
+    if (!valid(x) || !valid(dy) || !same_shape(dy, x) || !valid_act(act) || !valid_output_like(y, x, act))
+        return cudaErrorInvalidValue;
+    const Dims3 d = dims_of(x);
+    if (numel(d) == 0)
+        return cudaSuccess;
+    if (x->data == nullptr || dy->data == nullptr || mean == nullptr || invstd == nullptr ||
+        sum_dz == nullptr || sum_dz_xhat == nullptr || dx == nullptr)
+        return cudaErrorInvalidValue;
+    const BasebnBnTensor* yv = y != nullptr ? y : x;
+    const basebn::BnLayout Lg = layout_of(dy), Ly = layout_of(yv), Lx = layout_of(x);
+    const bool contig = is_contiguous(dy) && is_contiguous(yv) && is_contiguous(x) && !force_strided;
+    const double inv_count = count > 0.0 ? 1.0 / count : 0.0;
+    dispatch_act(x->dtype, contig, act, [&](auto tag, auto contiguous, auto act_c) {
+        using T = decltype(tag);
+        constexpr bool C = decltype(contiguous)::value;
+        constexpr int A = decltype(act_c)::value;
+        const T* pg = static_cast<const T*>(dy->data);
+        const T* py = static_cast<const T*>(yv->data);
+        const T* px = static_cast<const T*>(x->data);
+        if (dshortcut != nullptr)
+            kern::act_backward_elemt_kernel<T, C, A, true><<<elem_grid(d), kElemThreads, 0, stream>>>(
+                    pg, Lg, py, Ly, px, Lx, d.N, d.C, d.S, mean, invstd, weight, sum_dz, sum_dz_xhat, inv_count,
+                    static_cast<T*>(dx), static_cast<T*>(dshortcut));
+        else
+            kern::act_backward_elemt_kernel<T, C, A, false><<<elem_grid(d), kElemThreads, 0, stream>>>(
+                    pg, Lg, py, Ly, px, Lx, d.N, d.C, d.S, mean, invstd, weight, sum_dz, sum_dz_xhat, inv_count,
+                    static_cast<T*>(dx), nullptr);
+    });
+    return cudaGetLastError();
+}

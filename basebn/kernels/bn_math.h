@@ -183,4 +183,29 @@ BN_HD int64_t bn_offset(const BnLayout& L, int64_t n, int64_t c, int64_t s) {
     return off;
 }
 
+// ------------------------------------------------------------------ fused activations
+// BN -> activation (bn_act_cpu.cpp, the CUDA act kernels): y = act(bn(x) [+ shortcut]). The backward
+// takes the activation's derivative from the OUTPUT y alone (ReLU: y > 0; ReLU6: 0 < y < 6), so the
+// pre-activation tensor is never kept. Codes: ACT_CODES in basebn/layers/bn_ops/kernel.py.
+enum BnAct { kBnActIdentity = 0, kBnActRelu = 1, kBnActRelu6 = 2 };
+
+template <int Act>
+BN_HD float bn_act_apply(float v) {
+    if (Act == kBnActRelu)
+        return v > 0.f ? v : 0.f;
+    if (Act == kBnActRelu6)
+        return v > 0.f ? (v < 6.f ? v : 6.f) : 0.f;
+    return v;
+}
+
+// dy * act'(pre), with act' read from y = act(pre)
+template <int Act>
+BN_HD float bn_act_grad(float dy, float y) {
+    if (Act == kBnActRelu)
+        return y > 0.f ? dy : 0.f;
+    if (Act == kBnActRelu6)
+        return (y > 0.f && y < 6.f) ? dy : 0.f;
+    return dy;
+}
+
 }  // namespace basebn

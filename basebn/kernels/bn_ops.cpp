@@ -152,3 +152,145 @@ CUSTOM_OP_REG(BasebnBnBackwardElemt)
         .set_compute("x86", cpu_backward_elemt) BASEBN_CUDA_COMPUTE(backward_elemt);
 
 CUSTOM_OP_REG_END(BasebnBN)
+
+// ---- fused BN -> activation ops (bn_act_kernels.h; kernels in bn_act_cpu.cpp and the CUDA act kernels).
+// Statistics come from BasebnBnStats (or SyncBN's collective); these replace the element-wise passes.
+//   BasebnBnActNormalize        (x, mean, invstd, weight, bias)                       -> (y)
+//   BasebnBnAddActNormalize     (x, shortcut, mean, invstd, weight, bias)             -> (y)
+//   BasebnBnActBackwardReduce   (dy, y, x, mean, invstd)                              -> (sum_dz, sum_dz_xhat)
+//   BasebnBnActBackwardElemt    (dy, y, x, mean, invstd, weight, sum_dz, sum_dz_xhat) -> (dx)
+//   BasebnBnAddActBackwardElemt (dy, y, x, mean, invstd, weight, sum_dz, sum_dz_xhat) -> (dx, dshortcut)
+// Param act: a BnAct code (bn_math.h); y = act(bn(x) [+ shortcut]) is read for the derivative only.
+#include "bn_act_kernels.h"
+
+CUSTOM_OP_REG_BEGIN(BasebnBN)
+
+namespace {
+
+// every output takes input 0's shape / dtype (Info = Shape or DType)
+template <typename Info>
+void all_like_input0(const std::vector<Info>& inputs, const Param&, std::vector<Info>& outputs) {
+    outputs.assign(outputs.size(), inputs[0]);
+}
+
+#define BASEBN_ACT_COMPUTES(NS)                                                                 \
+    void NS##_act_normalize(                                                                    \
+            const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {          \
+        basebn::NS::act_normalize(                                                              \
+                in[0], nullptr, in[1], in[2], p["has_weight"].as<bool>() ? &in[3] : nullptr,    \
+                p["has_bias"].as<bool>() ? &in[4] : nullptr, p["act"].as<int32_t>(), out[0],    \
+                p["force_strided"].as<bool>());                                                 \
+    }                                                                                           \
+    void NS##_add_act_normalize(                                                                \
+            const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {          \
+        basebn::NS::act_normalize(                                                              \
+                in[0], &in[1], in[2], in[3], p["has_weight"].as<bool>() ? &in[4] : nullptr,     \
+                p["has_bias"].as<bool>() ? &in[5] : nullptr, p["act"].as<int32_t>(), out[0],    \
+                p["force_strided"].as<bool>());                                                 \
+    }                                                                                           \
+    void NS##_act_backward_reduce(                                                              \
+            const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {          \
+        basebn::NS::act_backward_reduce(                                                        \
+                in[0], in[1], in[2], in[3], in[4], p["act"].as<int32_t>(), out[0], out[1],      \
+                p["force_strided"].as<bool>());                                                 \
+    }                                                                                           \
+    void NS##_act_backward_elemt(                                                               \
+            const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {          \
+        basebn::NS::act_backward_elemt(                                                         \
+                in[0], in[1], in[2], in[3], in[4], p["has_weight"].as<bool>() ? &in[5] : nullptr, \
+                in[6], in[7], p["count"].as<double>(), p["act"].as<int32_t>(), out[0],          \
+                out.size() > 1 ? &out[1] : nullptr, p["force_strided"].as<bool>());             \
+    }
+
+BASEBN_ACT_COMPUTES(cpu)
+#ifdef BASEBN_WITH_CUDA
+BASEBN_ACT_COMPUTES(cuda)
+#endif
+
+}  // namespace
+
+// the two normalize ops after their element-wise inputs (x, or x and shortcut)
+#define BASEBN_ACT_NORMALIZE_REST                       \
+    .add_input("mean", {"float32"})                     \
+            .add_input("invstd", {"float32"})           \
+            .add_input("weight", {"float32"})           \
+            .add_input("bias", {"float32"})             \
+            .add_output("y", BASEBN_FLOATS)             \
+            .add_param("has_weight", false)             \
+            .add_param("has_bias", false)               \
+            .add_param("act", 0)                        \
+            .add_param("force_strided", false)          \
+            .set_device_infer(same_device)              \
+            .set_format_infer(same_format)              \
+            .set_shape_infer(like_input0_shape)         \
+            .set_dtype_infer(like_input0_dtype)
+
+CUSTOM_OP_REG(BasebnBnActNormalize)
+        .set_description("basebn: y = act((x - mean) * invstd * weight + bias)")
+        .add_input("x", BASEBN_FLOATS)
+        BASEBN_ACT_NORMALIZE_REST
+        .set_compute("x86", cpu_act_normalize) BASEBN_CUDA_COMPUTE(act_normalize);
+
+CUSTOM_OP_REG(BasebnBnAddActNormalize)
+        .set_description("basebn: y = act((x - mean) * invstd * weight + bias + shortcut)")
+        .add_input("x", BASEBN_FLOATS)
+        .add_input("shortcut", BASEBN_FLOATS)
+        BASEBN_ACT_NORMALIZE_REST
+        .set_compute("x86", cpu_add_act_normalize) BASEBN_CUDA_COMPUTE(add_act_normalize);
+
+CUSTOM_OP_REG(BasebnBnActBackwardReduce)
+        .set_description("basebn: dz = act'(y) * dy; per-channel sum(dz), sum(dz * xhat)")
+        .add_input("dy", BASEBN_FLOATS)
+        .add_input("y", BASEBN_FLOATS)
+        .add_input("x", BASEBN_FLOATS)
+        .add_input("mean", {"float32"})
+        .add_input("invstd", {"float32"})
+        .add_output("sum_dz", {"float32"})
+        .add_output("sum_dz_xhat", {"float32"})
+        .add_param("act", 0)
+        .add_param("force_strided", false)
+        .set_device_infer(same_device)
+        .set_format_infer(same_format)
+        .set_shape_infer(stats_shape)
+        .set_dtype_infer(float_dtype)
+        .set_compute("x86", cpu_act_backward_reduce) BASEBN_CUDA_COMPUTE(act_backward_reduce);
+
+// the two backward-elemt ops: inputs, then (after their outputs) params and infers
+#define BASEBN_ACT_ELEMT_INPUTS                \
+    .add_input("dy", BASEBN_FLOATS)            \
+            .add_input("y", BASEBN_FLOATS)     \
+            .add_input("x", BASEBN_FLOATS)     \
+            .add_input("mean", {"float32"})    \
+            .add_input("invstd", {"float32"})  \
+            .add_input("weight", {"float32"})  \
+            .add_input("sum_dz", {"float32"})  \
+            .add_input("sum_dz_xhat", {"float32"})
+#define BASEBN_ACT_ELEMT_REST                               \
+    .add_param("has_weight", false)                         \
+            .add_param("count", 1.0)                        \
+            .add_param("act", 0)                            \
+            .add_param("force_strided", false)              \
+            .set_device_infer(same_device)                  \
+            .set_format_infer(same_format)                  \
+            .set_shape_infer(all_like_input0<Shape>)        \
+            .set_dtype_infer(all_like_input0<DType>)        \
+            .set_compute("x86", cpu_act_backward_elemt) BASEBN_CUDA_COMPUTE(act_backward_elemt)
+
+CUSTOM_OP_REG(BasebnBnActBackwardElemt)
+        .set_description("basebn: dz = act'(y) * dy; dx = w * invstd * (dz - mean(dz) - xhat * mean(dz * xhat))")
+        BASEBN_ACT_ELEMT_INPUTS
+        .add_output("dx", BASEBN_FLOATS)
+        BASEBN_ACT_ELEMT_REST;
+
+CUSTOM_OP_REG(BasebnBnAddActBackwardElemt)
+        .set_description("basebn: BasebnBnActBackwardElemt, and dshortcut = dz from the same pass")
+        BASEBN_ACT_ELEMT_INPUTS
+        .add_output("dx", BASEBN_FLOATS)
+        .add_output("dshortcut", BASEBN_FLOATS)
+        BASEBN_ACT_ELEMT_REST;
+
+#undef BASEBN_ACT_NORMALIZE_REST
+#undef BASEBN_ACT_ELEMT_INPUTS
+#undef BASEBN_ACT_ELEMT_REST
+
+CUSTOM_OP_REG_END(BasebnBN)

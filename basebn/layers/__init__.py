@@ -1,13 +1,20 @@
 """Layers, BN ops and model-level BN tools; each in its own module, the public API re-exported here.
 
 BN modules import one way (docs/bn_design.md): precise_bn, convert -> conv_bn -> conv_bn_pairs -> norm ->
-batch_norm, sync_bn, frozen_bn -> bn_function -> bn_ops -> kernel_library -> kernel_build; conv -> conv_ops ->
-kernel_library (the one custom-op library of the BN and the conv ops).
+batch_renorm -> batch_norm, sync_bn, frozen_bn -> bn_function -> bn_guard, bn_ops -> kernel_library -> kernel_build;
+bn_accumulation -> norm, bn_guard; conv -> conv_ops -> kernel_library (the one custom-op library of BN and conv).
 """
 from .activation import HSigmoid, HSwish, ReLU6, Swish, build_activation  # noqa: F401
 from .batch_norm import BatchNorm2d  # noqa: F401
+from .bn_act import BatchNormAct2d, FrozenBatchNormAct2d, SyncBatchNormAct2d, norm_act, with_act  # noqa: F401
+from .batch_renorm import BatchRenorm2d, SyncBatchRenorm, renorm_limits_at, set_renorm_limits  # noqa: F401
+from .bn_accumulation import BNStatsAccumulator, accumulate_bn_stats  # noqa: F401
+from .bn_guard import restore_running_stats, snapshot_running_stats, take_nonfinite_counts  # noqa: F401
 from .bn_ops import (  # noqa: F401
     backend as bn_backend,
+    bn_act_backward_elemt,
+    bn_act_backward_reduce,
+    bn_act_normalize,
     bn_backward_elemt,
     bn_backward_reduce,
     bn_normalize,
@@ -33,7 +40,7 @@ from .convert import (  # noqa: F401
 from .divisible import make_divisible  # noqa: F401
 from .drop_path import DropPath, drop_path  # noqa: F401
 from .frozen_bn import FrozenBatchNorm2d  # noqa: F401
-from .norm import build_norm, bn_layers, is_bn, is_norm, uses_running_stats  # noqa: F401
+from .norm import build_norm, bn_layers, is_bn, is_norm, set_norm_batch_size, uses_running_stats  # noqa: F401
 from .pooling import AdaptiveAvgPool2d, GlobalAvgPool2d  # noqa: F401
 from .precise_bn import collect_bn_population_stats, update_bn_stats  # noqa: F401
 from .se import SqueezeExcite, se_width  # noqa: F401

@@ -7,23 +7,35 @@ every ``isinstance(m, M.BatchNorm2d)`` still holds. The forward is SyncBatchNorm
 collective (:func:`.bn_function.kernel_bn_forward`): the kernels, or their fallback, and the batch
 statistics stay on the device. Under ``jit.trace`` it runs MegEngine's own BN op. ``momentum=None``
 is a cumulative average (``num_batches_tracked`` is a plain attribute, not saved).
+``norm_batch_size`` (a plain attribute, not saved; None = the whole batch) normalises training batches in
+groups of that many consecutive samples (ghost BN, docs/bn_training.md).
 """
 import megengine.module as M
 from megengine.jit import tracing
 
 from .bn_function import kernel_bn_forward
 
-__all__ = ["BatchNorm2d"]
+__all__ = ["BatchNorm2d", "check_norm_batch_size"]
+
+
+def check_norm_batch_size(size):
+    """``size`` as an int >= 1, or None; anything else is a ValueError naming it."""
+    if size is None:
+        return None
+    if isinstance(size, bool) or int(size) != size or size < 1:
+        raise ValueError(f"norm_batch_size must be None or an integer >= 1, got {size!r}")
+    return int(size)
 
 
 class BatchNorm2d(M.BatchNorm2d):
     """``megengine.module.BatchNorm2d`` (same arguments) on basebn's BN ops; see the module doc."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.9, affine=True, track_running_stats=True,
-                 freeze=False, **kwargs):
+                 freeze=False, norm_batch_size=None, **kwargs):
         super().__init__(num_features, eps=eps, momentum=0.9 if momentum is None else momentum, affine=affine,
                          track_running_stats=track_running_stats, freeze=freeze, **kwargs)
         self.momentum = momentum
+        self.norm_batch_size = check_norm_batch_size(norm_batch_size)
         self.num_batches_tracked = 0  # plain attribute: not part of the state dict
 
     def reset_running_stats(self):
@@ -38,6 +50,8 @@ class BatchNorm2d(M.BatchNorm2d):
 
     def forward(self, inp):
         if tracing.is_tracing():  # a traced graph holds MegEngine's BN op (same math), never a custom op
+            if self.norm_batch_size is not None and self.training:
+                raise ValueError("BatchNorm2d(norm_batch_size=...) cannot run under jit.trace in training")
             if self.momentum is None:
                 raise ValueError("BatchNorm2d(momentum=None) (cumulative average) cannot run under jit.trace; "
                                  "give it a momentum")

@@ -15,6 +15,7 @@ from megengine.autodiff import Function
 
 from .. import distributed as dist
 from . import bn_ops
+from .bn_guard import record_batch
 from .moments import Moments, merge_all
 
 __all__ = ["kernel_bn_forward"]
@@ -84,15 +85,19 @@ class _BNTrainFunction(_BNFunction):
         self.group = group
 
     def forward(self, x, weight=None, bias=None):
+        self._batch_statistics(x)
+        self._save(x, weight)
+        if self.local_count == 0:
+            return _empty_like(x)
+        return bn_ops.bn_normalize(x, self.mean, self.invstd, weight, bias)
+
+    def _batch_statistics(self, x):
+        """mean, invstd, batch_mean, batch_var and the counts of ``x`` (over all ranks when ``sync``)."""
         self.local_count = bn_ops.channel_count(x)
         if self.sync:
             self._synchronised_statistics(x)
         else:
             self._local_statistics(x)
-        self._save(x, weight)
-        if self.local_count == 0:
-            return _empty_like(x)
-        return bn_ops.bn_normalize(x, self.mean, self.invstd, weight, bias)
 
     def _check_count(self, count, x):
         if count <= 1:
@@ -142,6 +147,37 @@ class _BNTrainFunction(_BNFunction):
                                         sum_dy, sum_dy_xhat, self.count)
 
 
+class _BRNTrainFunction(_BNTrainFunction):
+    """Batch Renormalization (Ioffe 2017) on the BN ops: ``y = w * (r * xhat + d) + b`` with ``r``, ``d``
+    per-channel constants of the gradient, folded into the normalisation's scale ``w * r`` and shift
+    ``w * d + b``; ``dw = r * sum(dy * xhat) + d * sum(dy)``. Batch statistics as :class:`_BNTrainFunction`."""
+
+    def __init__(self, eps, sync, group, running_mean, running_var, r_max, d_max):
+        super().__init__(eps, sync, group)
+        self.running_mean, self.running_var = running_mean, running_var
+        self.r_max, self.d_max = float(r_max), float(d_max)
+
+    def forward(self, x, weight=None, bias=None):
+        self._batch_statistics(x)
+        sigma = (self.running_var + self.eps) ** 0.5
+        self.r = F.clip(1.0 / (self.invstd * sigma), 1.0 / self.r_max, self.r_max)
+        self.d = F.clip((self.mean - self.running_mean) / sigma, -self.d_max, self.d_max)
+        scale = self.r if weight is None else weight * self.r
+        shift = self.d if weight is None else weight * self.d + bias
+        self._save(x, scale)
+        self.has_affine = weight is not None
+        if self.local_count == 0:
+            return _empty_like(x)
+        return bn_ops.bn_normalize(x, self.mean, self.invstd, scale, shift)
+
+    def backward(self, dy):
+        grads = super().backward(dy)
+        if not self.has_affine:
+            return grads
+        dx, sum_dy_xhat, sum_dy = grads
+        return dx, sum_dy_xhat * self.r + sum_dy * self.d, sum_dy
+
+
 class _BNEvalFunction(_BNFunction):
     """``y = (x - mean) * invstd * weight + bias`` with fixed (running) statistics; no collective."""
 
@@ -172,21 +208,67 @@ def _affine_args(bn, detach=False):
     return (w, b)
 
 
-def _update_running_stats(bn, mean, var):
-    """``running = keep * running + (1 - keep) * batch`` (MegEngine's momentum; ``None``: cumulative)."""
-    bn.num_batches_tracked = getattr(bn, "num_batches_tracked", 0) + 1
-    keep = 1.0 - 1.0 / bn.num_batches_tracked if bn.momentum is None else float(bn.momentum)
-    shape = tuple(bn.running_mean.shape)
-    bn.running_mean[...] = (bn.running_mean * keep + mean.reshape(shape) * (1.0 - keep)).detach()
-    bn.running_var[...] = (bn.running_var * keep + var.reshape(shape) * (1.0 - keep)).detach()
+def _train_function(bn, sync, group, renorm):
+    if renorm is None:
+        return _BNTrainFunction(bn.eps, sync, group)
+    c = bn.num_features
+    return _BRNTrainFunction(bn.eps, sync, group, bn.running_mean.reshape(c).detach(),
+                             bn.running_var.reshape(c).detach(), *renorm)
 
 
-def kernel_bn_forward(bn, inp, sync=False, group=None):
+def _grouped_statistics_forward(bn, inp, size):
+    """Ghost BN of (N, C, H, W) ``inp`` in groups of ``size`` consecutive samples (N a multiple of it).
+
+    The groups become channels of one (size, groups * C, H * W) tensor (a transpose copy), so the BN ops
+    make ONE statistics and ONE normalisation pass for all groups; returns (output, (groups, C) means,
+    (groups, C) unbiased variances).
+    """
+    n, c = inp.shape[0], inp.shape[1]
+    groups = n // size
+    fn = _BNTrainFunction(bn.eps, False, None)
+    if groups == 1:
+        out = fn(inp, *_affine_args(bn))
+        return out, fn.batch_mean.reshape(1, c), fn.batch_var.reshape(1, c)
+    spatial = int(np.prod(inp.shape[2:]))
+    xt = F.transpose(inp.reshape(groups, size, c, spatial), (1, 0, 2, 3)).reshape(size, groups * c, spatial)
+    affine = tuple(F.broadcast_to(v.reshape(1, c), (groups, c)).reshape(groups * c) for v in _affine_args(bn))
+    yt = fn(xt, *affine)
+    out = F.transpose(yt.reshape(size, groups, c, spatial), (1, 0, 2, 3)).reshape(inp.shape)
+    return out, fn.batch_mean.reshape(groups, c), fn.batch_var.reshape(groups, c)
+
+
+def _ghost_forward(bn, inp, size):
+    """Batch-statistics forward in groups of ``size`` samples; a last partial group (N not a multiple of
+    ``size``) is a group of its own. Returns (output, mean, unbiased var averaged over groups, groups)."""
+    n = inp.shape[0]
+    full = n // size * size
+    outs, means, variances = [], [], []
+    if full:
+        out, mean, var = _grouped_statistics_forward(bn, inp if full == n else inp[:full], size)
+        outs.append(out)
+        means.append(F.sum(mean, axis=0))
+        variances.append(F.sum(var, axis=0))
+    if full < n:
+        fn = _BNTrainFunction(bn.eps, False, None)
+        outs.append(fn(inp[full:], *_affine_args(bn)))
+        means.append(fn.batch_mean)
+        variances.append(fn.batch_var)
+    groups = full // size + (1 if full < n else 0)
+    out = outs[0] if len(outs) == 1 else F.concat(outs, axis=0)
+    mean = means[0] if len(means) == 1 else means[0] + means[1]
+    var = variances[0] if len(variances) == 1 else variances[0] + variances[1]
+    return out, mean / groups, var / groups, groups
+
+
+def kernel_bn_forward(bn, inp, sync=False, group=None, renorm=None):
     """The forward of a ``_BatchNorm``-like module ``bn`` on :mod:`bn_ops` (input already checked).
 
     Running statistics when ``bn`` uses them (eval, ``freeze``: affine detached), else batch
     statistics, over all ranks of ``group`` when ``sync``; in training with running statistics they
-    are updated with the unbiased batch variance, as MegEngine's BatchNorm does.
+    are updated with the unbiased batch variance, as MegEngine's BatchNorm does, through
+    :func:`.bn_guard.record_batch` (non-finite guard, accumulation). ``bn.norm_batch_size`` (local BN
+    only) normalises groups of that many samples (ghost BN); ``renorm=(r_max, d_max)`` is Batch
+    Renormalization in training (with running statistics).
     """
     if not bn._track_running_stats_saved and bn.track_running_stats:
         raise AssertionError("track_running_stats can not be initialised to False and changed to True later")
@@ -196,8 +278,15 @@ def kernel_bn_forward(bn, inp, sync=False, group=None):
         fn = _BNEvalFunction(bn.running_mean.reshape(c).detach(), invstd.detach())
         return fn(inp, *_affine_args(bn, detach=bn.freeze))
     # training, or eval with track_running_stats=False: batch statistics
-    fn = _BNTrainFunction(bn.eps, sync, group)
+    record = bn.training and bn.track_running_stats
+    size = getattr(bn, "norm_batch_size", None)
+    if size is not None and not sync:
+        out, mean, var, groups = _ghost_forward(bn, inp, int(size))
+        if record:
+            record_batch(bn, mean, var, bn_ops.channel_count(inp), groups=groups)
+        return out
+    fn = _train_function(bn, sync, group, renorm if record else None)
     out = fn(inp, *_affine_args(bn))
-    if bn.training and bn.track_running_stats:
-        _update_running_stats(bn, fn.batch_mean, fn.batch_var)
+    if record:
+        record_batch(bn, fn.batch_mean, fn.batch_var, fn.count)
     return out

@@ -15,6 +15,7 @@ import numpy as np
 import megengine as mge
 import megengine.module as M
 
+from .bn_act import carry_act
 from .conv import FoldedConv2d, fold_weight, folded_conv_supported, is_conv2d, records_grad
 from .conv_bn_pairs import find_conv_bn_pairs
 from .module_tree import find_module, get_module, parent_and_key, set_module
@@ -95,14 +96,16 @@ class _EfficientConvForward(_LinkedForward):
 
 
 class _EfficientBNForward(_LinkedForward):
-    """bn.forward while switched: identity when the conv already applied it."""
+    """bn.forward while switched: identity when the conv already applied it (a BN with an activation,
+    :mod:`.bn_act`, still applies that: its ``post_norm``)."""
 
-    def __call__(self, inp):
+    def __call__(self, inp, *rest):
         bn = self.link.bn
         if uses_running_stats(bn) and self.link.active():
-            return inp
+            post_norm = getattr(bn, "post_norm", None)
+            return inp if post_norm is None else post_norm(inp, *rest)
         orig = self.link.bn_forward
-        return orig(inp) if orig is not None else type(bn).forward(bn, inp)
+        return orig(inp, *rest) if orig is not None else type(bn).forward(bn, inp, *rest)
 
 
 def _check_pair(model, conv_name, bn_name):
@@ -203,7 +206,8 @@ def fuse_conv_bn(model, example_input=None, pairs=None):
     """Inference copy of `model` (deep copy, eval mode) with each conv -> BN pair folded into the conv.
 
     The conv gets the folded weight and a bias, the BN is replaced by `M.Identity` (its state-dict
-    keys disappear; the conv gains a `bias` key where it had none). Pairs as in
+    keys disappear; the conv gains a `bias` key where it had none), or by a :class:`.bn_act.NormActTail`
+    applying the BN's activation when it has one. Pairs as in
     `enable_efficient_conv_bn_eval`. BNs without running statistics are left in place.
     """
     fused = copy.deepcopy(model)
@@ -218,5 +222,5 @@ def fuse_conv_bn(model, example_input=None, pairs=None):
         weight, bias = fold_conv_bn(conv, bn)
         conv.weight = mge.Parameter(weight)
         conv.bias = mge.Parameter(bias)
-        set_module(fused, bn_name, M.Identity())
+        set_module(fused, bn_name, carry_act(bn, M.Identity()))  # a BN's activation stays (bn_act)
     return fused

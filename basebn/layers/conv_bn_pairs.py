@@ -105,7 +105,8 @@ def _sole_bn_user(conv_expr, outputs, top):
     if not (isinstance(user, CallMethod) and isinstance(user.inputs[0], ModuleNode)
             and user.method in _CALL_METHODS):
         return None
-    if len(user.inputs) != 2 or user.inputs[1] is not out:
+    # the conv output is the BN's first argument, and only that (a fused BN-add-act layer takes a shortcut too)
+    if len(user.inputs) < 2 or user.inputs[1] is not out or any(i is out for i in user.inputs[2:]):
         return None
     return _node_path(user.inputs[0], top)
 

@@ -7,6 +7,7 @@ objects) are kept.
 import megengine.module as M
 
 from .batch_norm import BatchNorm2d
+from .bn_act import carry_act
 from .conv_bn import disable_efficient_conv_bn_eval, enable_efficient_conv_bn_eval
 from .frozen_bn import FrozenBatchNorm2d
 from .module_tree import replace_modules
@@ -29,7 +30,7 @@ def _transfer(src, dst):
     dst._name, dst._short_name = src._name, src._short_name
     dst._forward_pre_hooks.update(src._forward_pre_hooks)
     dst._forward_hooks.update(src._forward_hooks)
-    return dst
+    return carry_act(src, dst)  # a fused BN-activation layer keeps its activation
 
 
 def _to_sync(bn, group):
@@ -100,7 +101,7 @@ def convert_frozen_batchnorm(module):
     the new modules).
     """
     def convert(m):
-        return FrozenBatchNorm2d.from_batchnorm(m) if is_bn2d(m) and not is_frozen_bn(m) else None
+        return carry_act(m, FrozenBatchNorm2d.from_batchnorm(m)) if is_bn2d(m) and not is_frozen_bn(m) else None
 
     return _keeping_efficient_pairs(module, convert)
 

@@ -39,19 +39,20 @@ __all__ = [
 _ENV_CACHE = "BASEBN_KERNEL_CACHE"
 _ENV_SOURCES = "BASEBN_KERNEL_DIR"
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # basebn/
-_CPU_SOURCES = ("bn_ops.cpp", "bn_cpu.cpp")
+_CPU_SOURCES = ("bn_ops.cpp", "bn_cpu.cpp", "bn_act_cpu.cpp")
 _CUDA_SOURCES = ("bn_cuda.cu", "bn_cuda_launch.cu")  # the MegEngine glue, the standalone launchers
 _CUDA_HEADERS = ("bn_cuda_launch.h", "bn_cuda_kernels.cuh")  # (hashed in CUDA builds only)
-_HEADERS = ("bn_math.h", "bn_kernels.h", "strided_copy.h", "queued_work.h")
+_HEADERS = ("bn_math.h", "bn_kernels.h", "bn_act_kernels.h", "strided_copy.h", "queued_work.h")
 _DNNL_SOURCES = ("conv_dnnl.cpp",)
 _LIB_NAME = "basebn_bn"
 _DNNL_LIB_NAME = "basebn_bn_dnnl"  # another name: a failed oneDNN build can be followed by the BN-only one
 _DNNL_FAILED = "dnnl_failed.txt"
 _ENV_ONEDNN = "BASEBN_ONEDNN_ROOT"
-# -O3 and no -march: portable binaries; -fopenmp-simd only honours `#pragma omp simd` (no
-# OpenMP runtime), letting the compiler reorder those float reductions to vectorise them.
-_CFLAGS = ("-O3", "-fopenmp-simd", "-DNDEBUG", "-pthread")
-_LDFLAGS = ("-pthread",)
+# -O3 and no -march: portable binaries; `#pragma omp simd` lets the compiler reorder those float
+# reductions to vectorise them; -fopenmp: the fused BN-activation kernels (bn_act_cpu.cpp) run their
+# passes on OpenMP's thread pool (the other BN kernels use no OpenMP runtime).
+_CFLAGS = ("-O3", "-fopenmp-simd", "-fopenmp", "-DNDEBUG", "-pthread")
+_LDFLAGS = ("-pthread", "-fopenmp")
 # oldest first; sm_70 (Volta) is gone from CUDA 13's nvcc, see tests/test_kernels_cuda_compile.py
 CUDA_ARCHS = ("70", "75", "80", "90")
 

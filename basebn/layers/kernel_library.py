@@ -37,6 +37,7 @@ except ImportError:  # not POSIX: builds are not locked across processes
 __all__ = [
     "KernelUnavailableError",
     "OP_NAMES",
+    "ACT_OP_NAMES",
     "CONV_OP_NAMES",
     "set_default_omp_wait_policy",
     "load_kernels",
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 OP_NAMES = ("BasebnBnStats", "BasebnBnNormalize", "BasebnBnBackwardReduce", "BasebnBnBackwardElemt")
+# the fused BN -> activation ops (basebn/kernels/bn_act_cpu.cpp), also always in the library
+ACT_OP_NAMES = ("BasebnBnActNormalize", "BasebnBnAddActNormalize", "BasebnBnActBackwardReduce",
+                "BasebnBnActBackwardElemt", "BasebnBnAddActBackwardElemt")
 CONV_OP_NAMES = ("BasebnConvFwd", "BasebnConvBwdData", "BasebnConvBwdFilter")  # only with oneDNN
 
 
@@ -133,7 +137,7 @@ def _load_spec(spec):
                     f.write(lib_path + "\n")
         finally:
             _flock(lock_file, False)
-    for op in OP_NAMES + (CONV_OP_NAMES if spec.onednn is not None else ()):
+    for op in OP_NAMES + ACT_OP_NAMES + (CONV_OP_NAMES if spec.onednn is not None else ()):
         if not hasattr(custom, op):
             raise RuntimeError(f"custom op {op} missing after loading {lib_path}")
     return {"path": lib_path, "cuda": spec.with_cuda, "build_dir": spec.build_dir,

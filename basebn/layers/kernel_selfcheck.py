@@ -1,7 +1,8 @@
 """Every custom op against the pure-MegEngine path on the device at hand (``python -m basebn.tools.selfcheck``).
 
 :func:`run_selfcheck` gives one :class:`CheckRow` per op: the BN ops (:mod:`.bn_ops`, kernel vs fallback;
-float32 and float16, 2D-5D, strided gather path, non-contiguous, N=1, C=1), the oneDNN conv ops vs
+float32 and float16, 2D-5D, strided gather path, non-contiguous, N=1, C=1) and the fused BN-activation ops
+on the same cases, the oneDNN conv ops vs
 ``F.conv2d`` and its gradients (CPU), and with several processes :class:`.SyncBatchNorm` on uneven shards
 and an empty rank vs one-process BN of the whole batch. ``rel`` = max|kernel - reference| / max|reference|
 (``abs`` = the numerator); an op fails when rel > its tolerance (:data:`TOLERANCES`) or it raises:
@@ -33,13 +34,16 @@ from .conv_ops import ConvGeometry, conv_backward_data, conv_backward_weights, c
 from .kernel_library import conv_kernel_available, conv_kernel_error, kernel_error, load_kernels
 from .sync_bn import SyncBatchNorm, local_statistics
 
-__all__ = ["TOLERANCES", "BN_OPS", "CONV_OPS", "FAMILIES", "CheckRow", "device_name", "device_is_gpu",
+__all__ = ["TOLERANCES", "BN_OPS", "BN_ACT_OPS", "CONV_OPS", "FAMILIES", "CheckRow", "device_name", "device_is_gpu",
            "run_selfcheck", "format_rows"]
 
 TOLERANCES = {"float32": 1e-4, "float16": 4e-3, "conv": 1e-4, "sync_bn": 1e-4}
 BN_OPS = ("bn_stats", "bn_normalize", "bn_backward_reduce", "bn_backward_elemt")
+# the fused BN -> activation ops (bn_ops.bn_act_*): in the "bn" family, on the same backend switch
+BN_ACT_OPS = ("bn_act_normalize", "bn_add_act_normalize", "bn_act_backward_reduce", "bn_act_backward_elemt",
+              "bn_add_act_backward_elemt")
 CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
-FAMILIES = {"bn": BN_OPS, "conv": CONV_OPS, "sync_bn": ("sync_bn",)}
+FAMILIES = {"bn": BN_OPS + BN_ACT_OPS, "conv": CONV_OPS, "sync_bn": ("sync_bn",)}
 _EPS = 1e-5
 
 
@@ -221,6 +225,44 @@ def _check_bn(quick, reps, gpu):
                 tol = TOLERANCES[dtype] if op in ("bn_normalize", "bn_backward_elemt") else TOLERANCES["float32"]
                 label = op if dtype == "float32" else f"{op} {dtype}"
                 rows.append(errs[(op, dtype)].row(label, "bn", tol))
+    return rows + _check_bn_act(quick, reps, gpu)
+
+
+def _check_bn_act(quick, reps, gpu):
+    """Rows per fused BN-activation op and input dtype, on the cases of :func:`_check_bn` (activations in turn)."""
+    rng = np.random.default_rng(3)
+    errs = {(op, dtype): _Errors() for op in BN_ACT_OPS for dtype in ("float32", "float16")}
+    for i, (shape, dtype, layout) in enumerate(_bn_cases(quick, gpu)):
+        x, dy = _bn_case_inputs(shape, dtype, layout, rng)
+        sc = _tensor(rng.standard_normal(shape), dtype, layout)
+        act, c, cnt = ("relu", "relu6", "identity")[i % 3], shape[1], bn_ops.channel_count(x)
+        w = mge.tensor(rng.uniform(0.5, 1.5, c).astype(np.float32))
+        b = mge.tensor(rng.standard_normal(c).astype(np.float32))
+        with bn_ops.use_backend("fallback"):
+            mean, m2 = bn_ops.bn_stats(x)
+            invstd = (m2 * (1.0 / cnt) + _EPS) ** -0.5
+            y = bn_ops.bn_act_normalize(x, mean, invstd, w, b, act=act, shortcut=sc)
+            s1, s2 = bn_ops.bn_act_backward_reduce(dy, y, x, mean, invstd, act=act)
+        calls = {
+            "bn_act_normalize": lambda: (bn_ops.bn_act_normalize(x, mean, invstd, w, b, act=act),),
+            "bn_add_act_normalize": lambda: (bn_ops.bn_act_normalize(x, mean, invstd, w, b, act=act, shortcut=sc),),
+            "bn_act_backward_reduce": lambda: bn_ops.bn_act_backward_reduce(dy, y, x, mean, invstd, act=act),
+            "bn_act_backward_elemt": lambda: (bn_ops.bn_act_backward_elemt(dy, y, x, mean, invstd, w, s1, s2, cnt,
+                                                                           act=act),),
+            "bn_add_act_backward_elemt": lambda: bn_ops.bn_act_backward_elemt(dy, y, x, mean, invstd, w, s1, s2, cnt,
+                                                                              act=act, shortcut_grad=True)}
+        for op, call in calls.items():
+            got, want, tk, tf = _both(call, reps, layout == "strided")
+            e = errs[(op, dtype)]
+            for j, (g, f) in enumerate(zip(got, want)):
+                e.compare(g, f, f"output {j} {act} {dtype} {shape} {layout}")
+            e.cases, e.kernel_s, e.fallback_s = e.cases + 1, e.kernel_s + tk, e.fallback_s + tf
+    rows = []
+    for dtype in ("float32", "float16"):
+        for op in BN_ACT_OPS:
+            if errs[(op, dtype)].cases:  # the reduce's sums are float32; the other outputs have x's dtype
+                tol = TOLERANCES["float32"] if op == "bn_act_backward_reduce" else TOLERANCES[dtype]
+                rows.append(errs[(op, dtype)].row(op if dtype == "float32" else f"{op} {dtype}", "bn", tol))
     return rows
 
 

@@ -1,13 +1,15 @@
 """What a normalisation layer is: the BN / norm predicates every other module uses, and build_norm.
 
 A BN layer is any subclass of MegEngine's ``_BatchNorm``: BatchNorm1d/2d (MegEngine's and basebn's,
-a subclass of it), MegEngine's and basebn's SyncBatchNorm, FrozenBatchNorm2d. ``build_norm("BN")``
+a subclass of it), MegEngine's and basebn's SyncBatchNorm, FrozenBatchNorm2d, basebn's Batch Renormalization
+layers (subclasses of BatchNorm2d / SyncBatchNorm). ``build_norm("BN")``
 builds basebn's BatchNorm2d (the BN kernels).
 """
 import megengine.module as M
 from megengine.module.batchnorm import _BatchNorm
 
-from .batch_norm import BatchNorm2d
+from .batch_norm import BatchNorm2d, check_norm_batch_size
+from .batch_renorm import BatchRenorm2d, SyncBatchRenorm
 from .frozen_bn import FrozenBatchNorm2d
 from .sync_bn import SyncBatchNorm
 
@@ -24,9 +26,10 @@ __all__ = [
     "uses_running_stats",
     "bn_layers",
     "set_norm_eval",
+    "set_norm_batch_size",
 ]
 
-NORM_KINDS = ("BN", "SyncBN", "FrozenBN", "GN")
+NORM_KINDS = ("BN", "SyncBN", "FrozenBN", "GN", "BRN", "SyncBRN")
 OTHER_NORM_TYPES = (M.GroupNorm, M.InstanceNorm, M.LayerNorm)  # no running statistics
 
 
@@ -83,6 +86,16 @@ def set_norm_eval(model):
             m.eval()
 
 
+def set_norm_batch_size(model, size):
+    """Set the normalisation batch size (ghost BN; None = the whole batch) of every plain BatchNorm2d of
+    `model` (not Batch Renormalization layers); returns how many layers took it."""
+    size = check_norm_batch_size(size)
+    layers = [m for m in model.modules() if isinstance(m, BatchNorm2d) and not isinstance(m, BatchRenorm2d)]
+    for m in layers:
+        m.norm_batch_size = size
+    return len(layers)
+
+
 def build_norm(kind, num_features, momentum=0.9, eps=1e-5, gn_groups=32):
     """Return a 2D normalisation module of `kind` in NORM_KINDS for `num_features` channels."""
     if kind == "BN":
@@ -91,6 +104,10 @@ def build_norm(kind, num_features, momentum=0.9, eps=1e-5, gn_groups=32):
         return SyncBatchNorm(num_features, eps=eps, momentum=momentum)
     if kind == "FrozenBN":
         return FrozenBatchNorm2d(num_features, eps=eps)
+    if kind == "BRN":
+        return BatchRenorm2d(num_features, eps=eps, momentum=momentum)
+    if kind == "SyncBRN":
+        return SyncBatchRenorm(num_features, eps=eps, momentum=momentum)
     if kind == "GN":
         groups = min(gn_groups, num_features)
         while num_features % groups:  # largest group count <= gn_groups that divides the channels

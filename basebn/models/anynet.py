@@ -3,12 +3,16 @@
 Module names follow basecls (``stem.conv``, ``s1.b1.a``, ``s1.b1.a_bn``, ``s2.b1.proj``,
 ``s2.b1.bn``, ``head.fc``) so basecls checkpoints map key for key. RegNet builds on it
 (:mod:`basebn.models.regnet`); the ResNet variants are in :mod:`basebn.models.resnet_family`.
+The ResNet stems and blocks fuse each BN with the activation after it, and a block's last BN with the residual
+add and activation (:mod:`basebn.layers.bn_act`; same names and state dict) when the norm and activation have a
+fused form and nothing (SE, drop path) sits between; the activation module is then an ``Identity``.
 """
 from numbers import Real
 
 import megengine.module as M
 
 from ..layers.activation import build_activation
+from ..layers.bn_act import has_act, with_act
 from ..layers.conv_norm_act import ConvNormAct, padded_conv
 from ..layers.drop_path import DropPath
 from ..layers.se import SqueezeExcite, se_width
@@ -20,14 +24,23 @@ __all__ = ["ResStem", "ResDeepStem", "SimpleStem", "ResBasicBlock", "ResBottlene
            "linear_drop_path_probs"]
 
 
+def norm_then_act(norm, act, fuse=True):
+    """``(norm, act module)`` for a norm followed by activation ``act``: the norm with ``act`` fused in and an
+    ``Identity``, or (``fuse`` False, no fused form) the norm as built and ``build_activation(act)``. A block's
+    last norm fuses only when nothing (SE, drop path) sits between it and the residual add; it adds the
+    shortcut then."""
+    if fuse and isinstance(act, str):
+        norm = with_act(norm, act)
+    return (norm, M.Identity()) if has_act(norm) else (norm, build_activation(act))
+
+
 class ResStem(M.Module):
     """ResNet stem: 7x7/2 conv, norm, act, 3x3/2 max pool."""
 
     def __init__(self, w_in, w_out, norm_layer, act):
         super().__init__()
         self.conv = padded_conv(w_in, w_out, 7, stride=2)
-        self.bn = norm_layer(w_out)
-        self.act = build_activation(act)
+        self.bn, self.act = norm_then_act(norm_layer(w_out), act)
         self.pool = M.MaxPool2d(3, stride=2, padding=1)
 
     def forward(self, x):
@@ -40,9 +53,9 @@ class ResDeepStem(M.Module):
     def __init__(self, w_in, w_out, norm_layer, act):
         super().__init__()
         w_b = w_out // 2
-        self.a, self.a_bn, self.a_act = padded_conv(w_in, w_b, 3, stride=2), norm_layer(w_b), build_activation(act)
-        self.b, self.b_bn, self.b_act = padded_conv(w_b, w_b, 3), norm_layer(w_b), build_activation(act)
-        self.c, self.c_bn, self.c_act = padded_conv(w_b, w_out, 3), norm_layer(w_out), build_activation(act)
+        self.a, (self.a_bn, self.a_act) = padded_conv(w_in, w_b, 3, stride=2), norm_then_act(norm_layer(w_b), act)
+        self.b, (self.b_bn, self.b_act) = padded_conv(w_b, w_b, 3), norm_then_act(norm_layer(w_b), act)
+        self.c, (self.c_bn, self.c_act) = padded_conv(w_b, w_out, 3), norm_then_act(norm_layer(w_out), act)
         self.pool = M.MaxPool2d(3, stride=2, padding=1)
 
     def forward(self, x):
@@ -89,11 +102,11 @@ class ResBasicBlock(_Shortcut):
         self._init_shortcut(w_in, w_out, stride, norm_layer, avg_down)
         w_b = round(w_out * bot_mul)
         w_se = se_width(w_out, se_r, "divisible")
-        self.a, self.a_bn, self.a_act = padded_conv(w_in, w_b, 3, stride=stride), norm_layer(w_b), build_activation(act)
-        self.b, self.b_bn = padded_conv(w_b, w_out, 3), norm_layer(w_out)
+        self.a, (self.a_bn, self.a_act) = padded_conv(w_in, w_b, 3, stride=stride), norm_then_act(norm_layer(w_b), act)
+        self.b = padded_conv(w_b, w_out, 3)
         self.se = SqueezeExcite(w_out, w_se, act) if w_se > 0 else None
         self.drop_path = DropPath(drop_path_prob)
-        self.act = build_activation(act)
+        self.b_bn, self.act = norm_then_act(norm_layer(w_out), act, fuse=self.se is None and not drop_path_prob)
 
     def last_norm(self):
         return self.b_bn
@@ -101,6 +114,8 @@ class ResBasicBlock(_Shortcut):
     def forward(self, x):
         x_p = self.shortcut(x)
         x = self.a_act(self.a_bn(self.a(x)))
+        if has_act(self.b_bn):  # fused: b_bn adds the shortcut and applies the activation
+            return self.b_bn(self.b(x), x_p)
         x = self.b_bn(self.b(x))
         if self.se is not None:
             x = self.se(x)
@@ -117,13 +132,13 @@ class ResBottleneckBlock(_Shortcut):
         w_b = round(w_out * bot_mul)
         groups = w_b // group_w if group_w else 1
         w_se = se_width(w_out, se_r, "divisible")
-        self.a, self.a_bn, self.a_act = padded_conv(w_in, w_b, 1), norm_layer(w_b), build_activation(act)
+        self.a, (self.a_bn, self.a_act) = padded_conv(w_in, w_b, 1), norm_then_act(norm_layer(w_b), act)
         self.b = padded_conv(w_b, w_b, 3, stride=stride, groups=groups)
-        self.b_bn, self.b_act = norm_layer(w_b), build_activation(act)
-        self.c, self.c_bn = padded_conv(w_b, w_out, 1), norm_layer(w_out)
+        self.b_bn, self.b_act = norm_then_act(norm_layer(w_b), act)
+        self.c = padded_conv(w_b, w_out, 1)
         self.se = SqueezeExcite(w_out, w_se, act) if w_se > 0 else None
         self.drop_path = DropPath(drop_path_prob)
-        self.act = build_activation(act)
+        self.c_bn, self.act = norm_then_act(norm_layer(w_out), act, fuse=self.se is None and not drop_path_prob)
 
     def last_norm(self):
         return self.c_bn
@@ -132,6 +147,8 @@ class ResBottleneckBlock(_Shortcut):
         x_p = self.shortcut(x)
         x = self.a_act(self.a_bn(self.a(x)))
         x = self.b_act(self.b_bn(self.b(x)))
+        if has_act(self.c_bn):  # fused: c_bn adds the shortcut and applies the activation
+            return self.c_bn(self.c(x), x_p)
         x = self.c_bn(self.c(x))
         if self.se is not None:
             x = self.se(x)

@@ -2,8 +2,8 @@
 
 Blocks: :class:`~basebn.models.mbnet.MBConv` (SE squeezed from the block *input* width, swish inside,
 sigmoid gate) and :class:`FuseMBConv` (EfficientNetV2: expansion and depthwise fused into one kxk conv).
-BN defaults: momentum 0.99, eps 1e-3 (the paper's; PyTorch momentum 0.01). basecls trained with
-0.9 / 1e-5: pass bn_eps=1e-5 to evaluate a basecls checkpoint exactly.
+BN defaults: basecls's, momentum 0.9, eps 1e-5 (MegEngine's BatchNorm2d defaults, as basecls builds them; the
+paper's are 0.99 / 1e-3): a basecls or timm checkpoint gives the original's logits with no BN kwargs.
 """
 import math
 from numbers import Real
@@ -52,7 +52,7 @@ class EffNet(StagedNet):
                  num_classes=1000, in_channels=3, norm="BN", bn_momentum=None, bn_eps=None, act="silu",
                  zero_init_residual=False):
         super().__init__()
-        norm_layer = norm_factory(norm, bn_momentum, bn_eps, 0.99, 1e-3)
+        norm_layer = norm_factory(norm, bn_momentum, bn_eps)
         n = len(depths)
         self.depths = [d if omit_mult and i in (0, n - 1) else math.ceil(d * depth_mult) for i, d in enumerate(depths)]
         stem_w = stem_w if omit_mult else make_divisible(stem_w * width_mult, round_limit=0.9)

@@ -1,9 +1,8 @@
 """MobileNet V1 / V2 / V3 with basecls's names, widths and module names (``stem``, ``s1.b1.dwise``, ``head``).
 
 One block, :class:`MBConv` (inverted bottleneck: [1x1 expand, norm, act], kxk depthwise, norm, act, [SE],
-1x1 project, norm, [act], [skip]), covers all three versions. BN defaults: V1/V2 momentum 0.9, eps 1e-5;
-V3 momentum 0.99, eps 1e-3 (the paper's; PyTorch momentum 0.01). basecls trained all with 0.9 / 1e-5:
-pass bn_eps=1e-5 to evaluate a basecls V3 checkpoint exactly.
+1x1 project, norm, [act], [skip]), covers all three versions. BN defaults: basecls's, momentum 0.9, eps 1e-5,
+for V3 too (MegEngine's BatchNorm2d defaults, as basecls builds them; the V3 paper's are 0.99 / 1e-3).
 """
 from numbers import Real
 
@@ -77,10 +76,9 @@ class MBNet(StagedNet):
     def __init__(self, stem_w, depths, widths, strides, kernels, exp_rs=1.0, se_rs=0.0, stage_acts=None,
                  has_proj_act=False, has_skip=True, drop_path_prob=0.0, width_mult=1.0, head="cls",
                  head_width=0, head_w_h=1280, dropout=0.0, num_classes=1000, in_channels=3, norm="BN",
-                 bn_momentum=None, bn_eps=None, act="relu6", zero_init_residual=False,
-                 default_bn=(0.9, 1e-5)):
+                 bn_momentum=None, bn_eps=None, act="relu6", zero_init_residual=False):
         super().__init__()
-        norm_layer = norm_factory(norm, bn_momentum, bn_eps, *default_bn)
+        norm_layer = norm_factory(norm, bn_momentum, bn_eps)
         n = len(depths)
         self.depths = list(depths)
         stem_w = make_divisible(stem_w * width_mult, round_limit=0.9)
@@ -116,14 +114,13 @@ MBNET_CONFIGS = {
     "v3_small": dict(stem_w=16, depths=[1, 2, 3, 2, 3], widths=[16, 24, 40, 48, 96], strides=[2, 2, 2, 1, 2],
                      kernels=[3, 3, 5, 5, 5], exp_rs=[1, [4.5, 3.67], [4, 6, 6], 3, 6],
                      se_rs=[0.25, 0, 0.25, 0.25, 0.25], stage_acts=["relu", "relu", "hswish", "hswish", "hswish"],
-                     act="hswish", head="mbv3", head_width=576, head_w_h=1024, dropout=0.2,
-                     default_bn=(0.99, 1e-3)),
+                     act="hswish", head="mbv3", head_width=576, head_w_h=1024, dropout=0.2),
     "v3_large": dict(stem_w=16, depths=[1, 2, 3, 4, 2, 3], widths=[16, 24, 40, 80, 112, 160],
                      strides=[1, 2, 2, 2, 1, 2], kernels=[3, 3, 5, 3, 3, 5],
                      exp_rs=[1, [4, 3], 3, [6, 2.5, 2.3, 2.3], 6, 6],
                      se_rs=[0, 0, 0.25, 0, 0.25, 0.25],
                      stage_acts=["relu", "relu", "relu", "hswish", "hswish", "hswish"], act="hswish", head="mbv3",
-                     head_width=960, head_w_h=1280, dropout=0.2, default_bn=(0.99, 1e-3)),
+                     head_width=960, head_w_h=1280, dropout=0.2),
 }
 
 # name: (config, width multiplier)

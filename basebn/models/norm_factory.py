@@ -7,7 +7,7 @@ __all__ = ["norm_factory"]
 
 
 def norm_factory(norm, bn_momentum=None, bn_eps=None, default_momentum=0.9, default_eps=1e-5):
-    """`channels -> norm module` for kind `norm` ("BN", "SyncBN", "FrozenBN", "GN").
+    """`channels -> norm module` for kind `norm` ("BN", "SyncBN", "FrozenBN", "GN", "BRN", "SyncBRN").
 
     None for `bn_momentum` / `bn_eps` means the family default. Momentum is MegEngine's convention
     (running = m * running + (1 - m) * batch): PyTorch's momentum 0.01 is 0.99 here.

@@ -2,10 +2,14 @@
 
 Module names follow torchvision (conv1, bn1, layer1..4, downsample, fc) so users recognise them.
 `stem="small"` replaces the 7x7/2 conv + max-pool by a 3x3 conv (stride `stem_stride`) for 28-32 px inputs.
+A norm followed by a ReLU, and the norm -> residual add -> ReLU that ends a block, run as one layer
+(:mod:`basebn.layers.bn_act`: same module names and state dict; fused kernels for BN and SyncBN); GN and BRN
+run the three ops.
 """
 import megengine.functional as F
 import megengine.module as M
 
+from ..layers.bn_act import norm_act, with_act
 from ..layers.conv import Conv2d
 from .norm_factory import norm_factory
 from .weight_init import init_weights_torchvision, zero_init_last_norms
@@ -30,8 +34,8 @@ class BasicBlock(M.Module):
     def __init__(self, cin, width, stride, norm):
         super().__init__()
         cout = width * self.expansion
-        self.conv1, self.bn1 = conv3x3(cin, width, stride), norm(width)
-        self.conv2, self.bn2 = conv3x3(width, cout), norm(cout)
+        self.conv1, self.bn1 = conv3x3(cin, width, stride), with_act(norm(width), "relu")
+        self.conv2, self.bn2 = conv3x3(width, cout), with_act(norm(cout), "relu")
         self.downsample = None
         if stride != 1 or cin != cout:
             self.downsample = M.Sequential(conv1x1(cin, cout, stride), norm(cout))
@@ -42,9 +46,8 @@ class BasicBlock(M.Module):
 
     def forward(self, x):
         identity = x if self.downsample is None else self.downsample(x)
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + identity)
+        out = norm_act(self.bn1, self.conv1(x), "relu")
+        return norm_act(self.bn2, self.conv2(out), "relu", shortcut=identity)
 
 
 class Bottleneck(M.Module):
@@ -54,9 +57,9 @@ class Bottleneck(M.Module):
     def __init__(self, cin, width, stride, norm):
         super().__init__()
         cout = width * self.expansion
-        self.conv1, self.bn1 = conv1x1(cin, width), norm(width)
-        self.conv2, self.bn2 = conv3x3(width, width, stride), norm(width)
-        self.conv3, self.bn3 = conv1x1(width, cout), norm(cout)
+        self.conv1, self.bn1 = conv1x1(cin, width), with_act(norm(width), "relu")
+        self.conv2, self.bn2 = conv3x3(width, width, stride), with_act(norm(width), "relu")
+        self.conv3, self.bn3 = conv1x1(width, cout), with_act(norm(cout), "relu")
         self.downsample = None
         if stride != 1 or cin != cout:
             self.downsample = M.Sequential(conv1x1(cin, cout, stride), norm(cout))
@@ -67,10 +70,9 @@ class Bottleneck(M.Module):
 
     def forward(self, x):
         identity = x if self.downsample is None else self.downsample(x)
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = F.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return F.relu(out + identity)
+        out = norm_act(self.bn1, self.conv1(x), "relu")
+        out = norm_act(self.bn2, self.conv2(out), "relu")
+        return norm_act(self.bn3, self.conv3(out), "relu", shortcut=identity)
 
 
 class ResNet(M.Module):
@@ -93,7 +95,7 @@ class ResNet(M.Module):
             self.maxpool = None
         else:
             raise ValueError(f"unknown stem {stem!r}: model.stem must be 'small' or 'imagenet'")
-        self.bn1 = norm_layer(widths[0])
+        self.bn1 = with_act(norm_layer(widths[0]), "relu")
         cin, stages = widths[0], []
         for i, (depth, width) in enumerate(zip(depths, widths)):
             blocks = []
@@ -112,7 +114,7 @@ class ResNet(M.Module):
             zero_init_last_norms(self)
 
     def features(self, x):
-        x = F.relu(self.bn1(self.conv1(x)))
+        x = norm_act(self.bn1, self.conv1(x), "relu")
         if self.maxpool is not None:
             x = self.maxpool(x)
         for i in range(self.num_stages):

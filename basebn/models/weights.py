@@ -2,7 +2,8 @@
 
 A spec is `zoo:NAME` (a zoo entry, sha256-verified), a checkpoint or weights file (.npz, or a legacy .pkl read
 without running code), a run directory (its final checkpoint, else its latest), `basecls:PATH` (an
-``mge.save`` pickle of basecls, read by the restricted unpickler) or `timm:PATH` (a timm / Hugging Face
+``mge.save`` pickle of basecls, read by the restricted unpickler), `basecls:NAME` (basecls's published
+weights of model NAME, fetched by basecls_fetch, made RGB-input) or `timm:PATH` (a timm / Hugging Face
 .safetensors file). The last two need the target model (its ``arch_name`` / ``arch_family``, set by
 build_model) to pick the name map of :mod:`basebn.models.convert`.
 """
@@ -18,7 +19,9 @@ from ..checkpoint import CheckpointError, load_checkpoint, load_model_state, res
 from ..checkpoint.legacy import load_restricted_pickle
 from ..layers.norm import is_bn
 from ..zoo import load_zoo_weights
+from .basecls_fetch import check_basecls_name, fetch_basecls_weights, is_basecls_name
 from .convert import FOREIGN_FORMATS, convert_basecls, convert_timm
+from .convert.channel_order import bgr_to_rgb_input
 
 __all__ = ["ZOO_PREFIX", "zoo_name", "foreign_spec", "read_foreign_state", "read_weights", "load_weights",
            "resized_classifier_keys"]
@@ -66,11 +69,19 @@ def _timm_state(path, ema):
 
 
 def read_foreign_state(spec, model, ema=False):
-    """-> (state converted to `model`'s keys and shapes, source) for a `timm:` / `basecls:` spec."""
+    """-> (state converted to `model`'s keys and shapes, source) for a `timm:` / `basecls:` spec;
+    `basecls:NAME` (no path separator, no such file) fetches basecls's published weights (basecls_fetch)."""
     fmt, path = foreign_spec(spec)
+    arch, family = getattr(model, "arch_name", None), getattr(model, "arch_family", None)
+    published = fmt == "basecls" and is_basecls_name(path)
+    if published:
+        check_basecls_name(path)
+        if arch is not None and path != arch:
+            raise CheckpointError(f"{spec} holds basecls's {path} weights, the model is {arch}: set "
+                                  f"model.name={path} (or give {arch}'s weights)")
+        path = fetch_basecls_weights(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"{spec}: file {path!r} not found")
-    arch, family = getattr(model, "arch_name", None), getattr(model, "arch_family", None)
     if arch is None or family is None:
         raise CheckpointError(f"{spec}: the target model has no arch_name / arch_family (build it with "
                               f"basebn.models.build_model) so the {fmt} name map cannot be chosen")
@@ -85,7 +96,8 @@ def read_foreign_state(spec, model, ema=False):
     if fmt == "timm":
         return convert_timm(_timm_state(path, ema), arch, family, own_shapes, spec, head), spec
     source = f"{spec} (EMA)" if ema else spec
-    return convert_basecls(_basecls_state(path, ema), arch, family, own_shapes, source, head), source
+    state = convert_basecls(_basecls_state(path, ema), arch, family, own_shapes, source, head)
+    return bgr_to_rgb_input(state, model), source  # basecls's models take BGR images, basebn's RGB
 
 
 def zoo_name(spec):

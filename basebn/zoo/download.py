@@ -15,11 +15,16 @@ def cache_dir():
 
 
 def download(url, sha256, dest_dir=None, timeout=60):
-    """Return the path of url's file in the cache, downloading (or finishing a partial download) if needed."""
+    """Return the path of url's file in the cache, downloading (or finishing a partial download) if needed.
+
+    `sha256` None (a source that publishes no hash): the file is cached under the URL's own name, an existing
+    one is returned as it is, and checking it is the caller's job. `timeout` bounds connecting and each read.
+    """
     dest_dir = dest_dir or cache_dir()
     os.makedirs(dest_dir, exist_ok=True)
-    dest = os.path.join(dest_dir, f"{sha256[:16]}-{os.path.basename(url.split('?')[0])}")
-    if os.path.isfile(dest) and sha256_of(dest) == sha256:
+    name = os.path.basename(url.split('?')[0])
+    dest = os.path.join(dest_dir, f"{sha256[:16]}-{name}" if sha256 else name)
+    if os.path.isfile(dest) and (sha256 is None or sha256_of(dest) == sha256):
         return dest
     part = dest + ".part"
     have = os.path.getsize(part) if os.path.isfile(part) else 0
@@ -34,7 +39,7 @@ def download(url, sha256, dest_dir=None, timeout=60):
     except OSError as exc:
         raise ZooError(f"download of {url} failed ({exc}); run again to resume from {have} bytes") from exc
     got = sha256_of(part)
-    if got != sha256:
+    if sha256 is not None and got != sha256:
         os.remove(part)
         raise ZooError(f"{url}: sha256 {got} does not match the zoo's {sha256}; the partial file was removed, "
                        f"run again to re-download")

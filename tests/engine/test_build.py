@@ -36,7 +36,7 @@ def test_bn_none_reaches_the_family_default():
     cfg = cfg_for("effnet_b0_lite")
     assert cfg.bn.momentum is None and cfg.bn.eps is None
     bns = [m for m in build_model_from_cfg(cfg, in_channels=3).modules() if is_bn(m)]
-    assert bns and all(m.momentum == 0.99 and m.eps == 1e-3 for m in bns)  # EfficientNet's (README)
+    assert bns and all(m.momentum == 0.9 and m.eps == 1e-5 for m in bns)  # basecls's EfficientNet's (README)
 
 
 def test_precise_bn_loader_is_built_only_when_precise_bn_runs():

@@ -3,7 +3,8 @@
 The copy of basebn/kernels multiplies every normalised value by 1.01 (bn_math.h, bn_normalize_elem); it
 is built BN-only (no oneDNN: seconds) with $BASEBN_KERNEL_DIR and a fresh $BASEBN_KERNEL_CACHE, in
 subprocesses (MegEngine loads one custom-op library per process). The self-check must fail naming
-bn_normalize and nothing else; training must warn once and then train exactly as the pure-MegEngine BN
+bn_normalize and the fused BN-activation forwards built on the same per-element function (NORMALIZE_OPS), and
+nothing else; training must warn once and then train exactly as the pure-MegEngine BN
 ops do (CPU training is deterministic), and, with BASEBN_SELFCHECK=0, differently (the planted error reaches
 training, so the check is what protects it).
 """
@@ -22,6 +23,8 @@ from tests.support.mpi_launch import find_mpiexec
 CORRECT = "return (x - mean) * scale + bias;"
 PLANTED = "return (x - mean) * scale * 1.01f + bias;"
 WARNING = "basebn self-check:"
+# the ops whose forward is bn_normalize_elem: the plain normalisation and the fused BN -> activation (-> add) ones
+NORMALIZE_OPS = ["bn_normalize", "bn_act_normalize", "bn_add_act_normalize"]
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +54,12 @@ def test_selfcheck_fails_naming_the_wrong_op(bad_env):
     code, out, err = json.loads(bad_env["FIRST_SELFCHECK"])
     assert code == 1, out + err
     rows = _rows(out)
-    assert [op for op, row in rows.items() if row["verdict"] == "FAIL"] == ["bn_normalize"]
+    assert [op for op, row in rows.items() if row["verdict"] == "FAIL"] == NORMALIZE_OPS
     assert 5e-3 < rows["bn_normalize"]["max_rel"] < 2e-2  # the planted 1% (of the largest |y|)
     assert {rows[op]["verdict"] for op in ("bn_stats", "bn_backward_reduce", "bn_backward_elemt")} == {"ok"}
     r = run(["basebn.tools.selfcheck", "--quick"], env=bad_env)  # the table names it too
     assert r.returncode == 1
-    assert [ln.split()[0] for ln in r.stdout.splitlines() if "FAIL" in ln] == ["bn_normalize"]
+    assert [ln.split()[0] for ln in r.stdout.splitlines() if "FAIL" in ln] == NORMALIZE_OPS
 
 
 def test_training_falls_back_with_one_warning_and_trains_as_megengine(bad_env, tiny, tmp_path):
@@ -96,5 +99,5 @@ def test_two_process_selfcheck_fails_sync_bn_too(bad_env):
     assert r.returncode == 1, r.stdout + r.stderr
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert report["world_size"] == 2
-    assert {row["op"] for row in report["rows"] if row["verdict"] == "FAIL"} == {"bn_normalize", "sync_bn"}
-    assert [row["op"] for row in report["failed_on_other_ranks"]] == ["bn_normalize"]
+    assert {row["op"] for row in report["rows"] if row["verdict"] == "FAIL"} == {*NORMALIZE_OPS, "sync_bn"}
+    assert [row["op"] for row in report["failed_on_other_ranks"]] == NORMALIZE_OPS

@@ -16,18 +16,6 @@ import basebn
 from basebn.layers import bn_ops, kernel_build, kernel_library
 from tests.support.bn_ops import failed_kernel_build, forced_strided_kernels
 
-BACKENDS = ["kernel", "fallback"]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    name = request.param
-    if name == "kernel" and not kernel_library.kernel_available():
-        pytest.skip(f"BN kernels unavailable: {kernel_library.kernel_error()}")
-    with bn_ops.use_backend(name):
-        assert bn_ops.backend() == name
-        yield name
-
 
 # ----------------------------------------------------------------------------- references
 def _axes(x):

@@ -56,7 +56,8 @@ def outdir(tmp_path_factory):
 
 STANDALONE = ("bn_cuda_launch.cu", "bn_cuda_launch.h", "bn_cuda_kernels.cuh", "bn_math.h")
 C_API = ("basebn_bn_cuda_stats", "basebn_bn_cuda_normalize", "basebn_bn_cuda_backward_reduce",
-         "basebn_bn_cuda_backward_elemt")
+         "basebn_bn_cuda_backward_elemt", "basebn_bn_cuda_act_normalize", "basebn_bn_cuda_act_backward_reduce",
+         "basebn_bn_cuda_act_backward_elemt")
 
 
 def _nvcc_obj(src, arch, outdir, with_megengine):
@@ -101,14 +102,15 @@ def test_oldest_supported_arch(outdir):
 
 
 def test_cuda_registration_compiles_and_links(outdir):
-    """bn_ops.cpp + bn_cpu.cpp (-DBASEBN_WITH_CUDA) + bn_cuda.cu + bn_cuda_launch.cu link with no undefined symbol."""
+    """bn_ops.cpp + bn_cpu.cpp + bn_act_cpu.cpp (-DBASEBN_WITH_CUDA) + bn_cuda.cu + bn_cuda_launch.cu link with no
+    undefined symbol."""
     inc, lib = _mge_paths()
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         pytest.skip(f"no C++ compiler ({cxx})")
     arch = "80" if 80 in _nvcc_archs() else str(_nvcc_archs()[0])
     objs = _compile_cu(arch, outdir)
-    for src in ("bn_ops.cpp", "bn_cpu.cpp"):
+    for src in ("bn_ops.cpp", "bn_cpu.cpp", "bn_act_cpu.cpp"):
         obj = os.path.join(str(outdir), src + ".cuda.o")
         cmd = [
             cxx, "-c", os.path.join(KERNEL_DIR, src), "-o", obj, "-std=c++14", "-O1",

@@ -118,7 +118,7 @@ def test_norm_kinds_and_bn_kwargs(norm):
 def test_family_bn_defaults():
     eff = build_model("effnet_b0_lite", num_classes=10)
     bns = [m for m in eff.modules() if isinstance(m, M.BatchNorm2d)]
-    assert all(m.momentum == 0.99 and m.eps == 1e-3 for m in bns)  # EfficientNet's (PyTorch momentum 0.01)
+    assert bns and all(m.momentum == 0.9 and m.eps == 1e-5 for m in bns)  # basecls's (its EfficientNets')
     net = build_model("resnet20", num_classes=10, bn_momentum=None, bn_eps=None)  # None: ResNet's own 0.9 / 1e-5
     assert all(m.momentum == 0.9 and m.eps == 1e-5 for m in net.modules() if isinstance(m, M.BatchNorm2d))
 

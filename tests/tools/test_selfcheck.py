@@ -28,7 +28,7 @@ def test_quick_selfcheck_passes_on_the_real_library():
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(r.stdout.strip().splitlines()[-1])
     rows = {row["op"]: row for row in report["rows"]}
-    for op in kernel_selfcheck.BN_OPS:  # every BN op ran cases on this CPU and agreed
+    for op in kernel_selfcheck.BN_OPS + kernel_selfcheck.BN_ACT_OPS:  # every BN op ran cases on this CPU and agreed
         assert rows[op]["verdict"] == "ok" and rows[op]["cases"] >= 4, rows[op]
         assert rows[op]["max_rel"] <= rows[op]["tol"]
     conv = "ok" if kernel_library.conv_kernel_available() else "skip"
@@ -40,7 +40,7 @@ def test_table_has_one_row_per_op():
     r = _selfcheck("--quick")
     assert r.returncode == 0, r.stdout + r.stderr
     ops = [ln.split()[0] for ln in r.stdout.splitlines()[2:]]
-    assert ops == list(kernel_selfcheck.BN_OPS + kernel_selfcheck.CONV_OPS) + ["sync_bn"]
+    assert ops == list(kernel_selfcheck.BN_OPS + kernel_selfcheck.BN_ACT_OPS + kernel_selfcheck.CONV_OPS) + ["sync_bn"]
 
 
 def test_unbuildable_library_is_a_one_line_error(tmp_path):

@@ -9,6 +9,7 @@ the ops of :mod:`basebn.layers.kernel_library`, compiled on first use) and pure 
 """
 from .backend import backend, use_backend
 from .ops import bn_backward_elemt, bn_backward_reduce, bn_normalize, bn_stats, channel_count
+from .ops import ACTIVATIONS, bn_act_backward_elemt, bn_act_backward_reduce, bn_act_normalize
 
 __all__ = [
     "bn_stats",
@@ -16,6 +17,10 @@ __all__ = [
     "bn_backward_reduce",
     "bn_backward_elemt",
     "channel_count",
+    "ACTIVATIONS",
+    "bn_act_normalize",
+    "bn_act_backward_reduce",
+    "bn_act_backward_elemt",
     "backend",
     "use_backend",
 ]

@@ -6,7 +6,8 @@ import numpy as np
 
 import megengine.functional as F
 
-__all__ = ["stats", "normalize", "backward_reduce", "backward_elemt"]
+__all__ = ["stats", "normalize", "backward_reduce", "backward_elemt", "act_normalize", "act_backward_reduce",
+           "act_backward_elemt"]
 
 
 def _bshape(x):
@@ -71,3 +72,40 @@ def backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count):
     bs = _bshape(x)
     dx = (_as_float32(dy) - mdy.reshape(bs) - (_as_float32(x) - mean.reshape(bs)) * k.reshape(bs)) * a.reshape(bs)
     return dx if dx.dtype == dy.dtype else dx.astype(dy.dtype)
+
+
+# ---- fused BN -> activation, as the kernels compute it: float32 throughout, one rounding to x's dtype
+_ACTIVATIONS = {"identity": lambda v: v, "relu": F.relu, "relu6": F.relu6}
+
+
+def _act_grad(dy, y, act):
+    """``dz = act'(y) * dy`` in float32, the derivative read from the output ``y`` (0 where masked, even
+    for a non-finite dy)."""
+    dy = _as_float32(dy)
+    if act == "identity":
+        return dy
+    y = _as_float32(y)
+    keep = y > 0 if act == "relu" else (y > 0) & (y < 6)
+    return F.where(keep, dy, F.zeros_like(dy))
+
+
+def act_normalize(x, shortcut, mean, invstd, weight, bias, act):
+    """``act((x - mean) * invstd * weight + bias [+ shortcut])`` in x's dtype."""
+    pre = normalize(_as_float32(x), mean, invstd, weight, bias)
+    if shortcut is not None:
+        pre = pre + _as_float32(shortcut)
+    y = _ACTIVATIONS[act](pre)
+    return y if y.dtype == x.dtype else y.astype(x.dtype)
+
+
+def act_backward_reduce(dy, y, x, mean, invstd, act):
+    """Per-channel ``(sum(dz), sum(dz * xhat))``, ``dz = act'(y) * dy``."""
+    return backward_reduce(_act_grad(dy, y, act), x, mean, invstd)
+
+
+def act_backward_elemt(dy, y, x, mean, invstd, weight, sum_dz, sum_dz_xhat, count, act, shortcut_grad):
+    """``(dx,)`` or ``(dx, dshortcut = dz)`` in dy's dtype, ``dz = act'(y) * dy``."""
+    dz = _act_grad(dy, y, act)
+    dx = backward_elemt(dz, x, mean, invstd, weight, sum_dz, sum_dz_xhat, count)
+    outs = (dx, dz) if shortcut_grad else (dx,)
+    return tuple(t if t.dtype == dy.dtype else t.astype(dy.dtype) for t in outs)

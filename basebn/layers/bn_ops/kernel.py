@@ -11,7 +11,8 @@ from megengine.core.ops import custom
 from ..kernel_library import KernelUnavailableError, load_kernels, wait_for_inputs
 from .backend import requested_backend
 
-__all__ = ["ready", "stats", "normalize", "backward_reduce", "backward_elemt"]
+__all__ = ["ready", "stats", "normalize", "backward_reduce", "backward_elemt", "ACT_CODES", "act_normalize",
+           "act_backward_reduce", "act_backward_elemt"]
 
 # True: the CPU kernels gather every input as if it were non-contiguous (tests of that path)
 _force_strided = False
@@ -70,3 +71,31 @@ def backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count):
     (dx,) = _apply("BasebnBnBackwardElemt", dy, x, mean, invstd, mean if weight is None else weight,
                    sum_dy, sum_dy_xhat, has_weight=weight is not None, count=float(count))
     return dx
+
+
+# ---- fused BN -> activation ops (basebn/kernels/bn_act_cpu.cpp); codes as BnAct in bn_math.h
+ACT_CODES = {"identity": 0, "relu": 1, "relu6": 2}
+
+
+def act_normalize(x, shortcut, mean, invstd, weight, bias, act):
+    """``act((x - mean) * invstd * weight + bias [+ shortcut])``; shortcut (or None) has x's dtype."""
+    affine = (mean if weight is None else weight, mean if bias is None else bias)
+    flags = dict(has_weight=weight is not None, has_bias=bias is not None, act=ACT_CODES[act])
+    if shortcut is None:
+        (y,) = _apply("BasebnBnActNormalize", x, mean, invstd, *affine, **flags)
+    else:
+        (y,) = _apply("BasebnBnAddActNormalize", x, shortcut, mean, invstd, *affine, **flags)
+    return y
+
+
+def act_backward_reduce(dy, y, x, mean, invstd, act):
+    """Per-channel ``(sum(dz), sum(dz * xhat))`` with ``dz = act'(y) * dy``; dy, y, x have one dtype."""
+    s1, s2 = _apply("BasebnBnActBackwardReduce", dy, y, x, mean, invstd, act=ACT_CODES[act])
+    return s1, s2
+
+
+def act_backward_elemt(dy, y, x, mean, invstd, weight, sum_dz, sum_dz_xhat, count, act, shortcut_grad):
+    """``(dx,)``, or ``(dx, dshortcut)`` when ``shortcut_grad``: ``dshortcut = dz = act'(y) * dy``."""
+    name = "BasebnBnAddActBackwardElemt" if shortcut_grad else "BasebnBnActBackwardElemt"
+    return tuple(_apply(name, dy, y, x, mean, invstd, mean if weight is None else weight, sum_dz, sum_dz_xhat,
+                        has_weight=weight is not None, count=float(count), act=ACT_CODES[act]))

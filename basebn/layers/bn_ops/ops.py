@@ -6,7 +6,8 @@ import megengine as mge
 from . import fallback, kernel
 from .backend import backend
 
-__all__ = ["bn_stats", "bn_normalize", "bn_backward_reduce", "bn_backward_elemt", "channel_count"]
+__all__ = ["bn_stats", "bn_normalize", "bn_backward_reduce", "bn_backward_elemt", "channel_count", "ACTIVATIONS",
+           "bn_act_normalize", "bn_act_backward_reduce", "bn_act_backward_elemt"]
 
 
 def _check(x, name="x"):
@@ -98,3 +99,86 @@ def bn_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count):
             dx = fallback.backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count)
         return dx if dx.dtype == out_dtype else dx.astype(out_dtype)
     return fallback.backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count)
+
+
+# ---- fused BN -> activation: the element-wise passes of BN with the activation (and a residual add) folded in
+ACTIVATIONS = ("identity", "relu", "relu6")
+
+
+def _check_act(act):
+    if act not in ACTIVATIONS:
+        raise ValueError(f"fused BN activation must be one of {ACTIVATIONS}, got {act!r}")
+
+
+def _check_like(t, x, name):
+    _check(t, name)
+    if tuple(t.shape) != tuple(x.shape):
+        raise ValueError(f"{name} must have x's shape {tuple(x.shape)}, got {tuple(t.shape)}")
+
+
+def _one_dtype(*ts):
+    """The kernels take one element dtype: float32 for all when they differ (None entries kept)."""
+    if len({t.dtype for t in ts if t is not None}) <= 1:
+        return ts
+    return tuple(None if t is None else t.astype("float32") for t in ts)
+
+
+def bn_act_normalize(x, mean, invstd, weight=None, bias=None, act="relu", shortcut=None):
+    """``y = act((x - mean) * invstd * weight + bias [+ shortcut])`` in one pass (``act`` in ACTIVATIONS).
+
+    Computed in float32 and rounded once to x's dtype (float32 when x and shortcut dtypes differ).
+    """
+    _check(x)
+    _check_act(act)
+    if shortcut is not None:
+        _check_like(shortcut, x, "shortcut")
+        x, shortcut = _one_dtype(x, shortcut)
+    c = x.shape[1]
+    mean, invstd, weight, bias = (_per_channel(v, c) for v in (mean, invstd, weight, bias))
+    if backend() == "kernel" and kernel.ready(x, shortcut, mean, invstd, weight, bias):
+        return kernel.act_normalize(x, shortcut, mean, invstd, weight, bias, act)
+    return fallback.act_normalize(x, shortcut, mean, invstd, weight, bias, act)
+
+
+def bn_act_backward_reduce(dy, y, x, mean, invstd, act="relu"):
+    """Per-channel ``(sum(dz), sum(dz * xhat))``, ``dz = act'(y) * dy``, float32 (C,); ``y`` is the forward's
+    output (the derivative is read from it: ReLU ``y > 0``, ReLU6 ``0 < y < 6``)."""
+    _check(x)
+    _check_act(act)
+    _check_like(dy, x, "dy")
+    _check_like(y, x, "y")
+    c = x.shape[1]
+    mean, invstd = _per_channel(mean, c), _per_channel(invstd, c)
+    if backend() == "kernel":
+        dy, y, x = _one_dtype(dy, y, x)
+        if kernel.ready(x, dy, y, mean, invstd):
+            return kernel.act_backward_reduce(dy, y, x, mean, invstd, act)
+    return fallback.act_backward_reduce(dy, y, x, mean, invstd, act)
+
+
+def bn_act_backward_elemt(dy, y, x, mean, invstd, weight, sum_dz, sum_dz_xhat, count, act="relu",
+                          shortcut_grad=False):
+    """``dx = w * invstd * (dz - sum_dz/count - xhat * sum_dz_xhat/count)``, ``dz = act'(y) * dy``, in dy's dtype.
+
+    Returns ``dx``, or ``(dx, dshortcut)`` with ``dshortcut = dz`` (the residual branch's gradient, from the
+    same pass) when ``shortcut_grad``. ``count`` as in :func:`bn_backward_elemt`.
+    """
+    _check(x)
+    _check_act(act)
+    _check_like(dy, x, "dy")
+    _check_like(y, x, "y")
+    c = x.shape[1]
+    mean, invstd, weight, sum_dz, sum_dz_xhat = (
+        _per_channel(v, c) for v in (mean, invstd, weight, sum_dz, sum_dz_xhat))
+    args = (mean, invstd, weight, sum_dz, sum_dz_xhat, float(count), act, shortcut_grad)
+    if backend() == "kernel":
+        out_dtype = dy.dtype
+        dy, y, x = _one_dtype(dy, y, x)
+        if kernel.ready(x, dy, y, mean, invstd, weight, sum_dz, sum_dz_xhat):
+            outs = kernel.act_backward_elemt(dy, y, x, *args)
+        else:
+            outs = fallback.act_backward_elemt(dy, y, x, *args)
+        outs = tuple(t if t.dtype == out_dtype else t.astype(out_dtype) for t in outs)
+    else:
+        outs = fallback.act_backward_elemt(dy, y, x, *args)
+    return outs if shortcut_grad else outs[0]

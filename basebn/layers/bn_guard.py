@@ -1,0 +1,115 @@
+"""The one place BN running statistics change in training: a guarded update, a per-layer non-finite count,
+snapshots for rolling a step back, and the hand-off to an active accumulation (:mod:`.bn_accumulation`).
+
+:func:`record_batch` is what basebn's BatchNorm2d / SyncBatchNorm / BatchRenorm2d call with a training
+batch's statistics. A batch whose mean or variance holds a NaN or inf leaves the layer's buffers unchanged
+(decided on the device, ``F.where``: no host copy) and adds one to the layer's non-finite count, read and
+cleared by :func:`take_nonfinite_counts`. The counter lives in a plain holder object, never a Tensor
+attribute, so state dicts gain no key.
+"""
+import megengine as mge
+import megengine.functional as F
+
+__all__ = ["record_batch", "apply_running_update", "take_nonfinite_counts", "snapshot_running_stats",
+           "restore_running_stats"]
+
+
+class _Counter:
+    """A device int32 scalar of non-finite batches (a holder, so Module state dicts never see it)."""
+
+    def __init__(self):
+        self.value = None
+
+
+def _all_finite(*tensors):
+    """A bool scalar tensor: every value of `tensors` is finite (x * 0 is NaN exactly for NaN/inf)."""
+    total = None
+    for t in tensors:
+        s = F.sum(t * 0.0)
+        total = s if total is None else total + s
+    return total == 0
+
+
+def _count_nonfinite(bn, ok):
+    holder = bn.__dict__.get("_nonfinite_counter")
+    if holder is None:
+        holder = _Counter()
+        bn.__dict__["_nonfinite_counter"] = holder
+    bad = 1 - ok.astype("int32")
+    holder.value = bad if holder.value is None else holder.value + bad
+
+
+def apply_running_update(bn, mean, var):
+    """``running = keep * running + (1 - keep) * batch`` unless `mean`/`var` hold a non-finite value.
+
+    MegEngine's momentum convention (``keep = momentum``; ``momentum=None``: cumulative average over the
+    finite batches). A non-finite batch leaves both buffers bit-identical and is counted for the layer.
+    """
+    shape = tuple(bn.running_mean.shape)
+    mean, var = mean.reshape(shape), var.reshape(shape)
+    ok = _all_finite(mean, var)
+    _count_nonfinite(bn, ok)
+    tracked = getattr(bn, "num_batches_tracked", 0)
+    if bn.momentum is None:  # a cumulative average needs the count on the host
+        finite = bool(ok.item())
+        if not finite:
+            return
+        bn.num_batches_tracked = tracked + 1
+        keep = 1.0 - 1.0 / bn.num_batches_tracked
+    else:
+        bn.num_batches_tracked = tracked + 1
+        keep = float(bn.momentum)
+    cond = F.broadcast_to(ok.reshape((1,) * len(shape)), shape)
+    new_mean = bn.running_mean * keep + mean * (1.0 - keep)
+    new_var = bn.running_var * keep + var * (1.0 - keep)
+    bn.running_mean[...] = F.where(cond, new_mean, bn.running_mean).detach()
+    bn.running_var[...] = F.where(cond, new_var, bn.running_var).detach()
+
+
+def record_batch(bn, mean, var, count, groups=None):
+    """A training batch's statistics for `bn`: (C,) `mean` and unbiased `var` over `count` values per
+    channel, or, when `groups` is given, the average over that many normalisation groups (ghost BN).
+
+    Inside :func:`basebn.layers.accumulate_bn_stats` the batch goes to the accumulation; otherwise the
+    running statistics move now (:func:`apply_running_update`).
+    """
+    sink = bn.__dict__.get("_bn_stats_sink")
+    if sink is not None:
+        sink.add(bn, mean, var, count, groups)
+        return
+    apply_running_update(bn, mean, var)
+
+
+def take_nonfinite_counts(model):
+    """``{layer name: batches}`` of the BN layers of `model` whose batch statistics were non-finite since
+    the last call (layers without any are left out); the counts are cleared. One host copy per layer."""
+    out = {}
+    for name, m in model.named_modules():
+        holder = m.__dict__.get("_nonfinite_counter")
+        if holder is None or holder.value is None:
+            continue
+        n = int(holder.value.item())
+        holder.value = None
+        if n:
+            out[name or type(m).__name__] = n
+    return out
+
+
+def snapshot_running_stats(model):
+    """A device copy of every running mean/var (and cumulative counter) of `model`'s BN layers, for
+    :func:`restore_running_stats`."""
+    snap = []
+    for m in model.modules():
+        rm, rv = getattr(m, "running_mean", None), getattr(m, "running_var", None)
+        if isinstance(rm, mge.Tensor) and isinstance(rv, mge.Tensor) and hasattr(m, "momentum"):
+            snap.append((m, F.copy(rm), F.copy(rv), getattr(m, "num_batches_tracked", None)))
+    return snap
+
+
+def restore_running_stats(snapshot):
+    """Put back the buffers (bit-identical) and counters a :func:`snapshot_running_stats` took."""
+    for m, rm, rv, tracked in snapshot:
+        m.running_mean[...] = rm
+        m.running_var[...] = rv
+        if tracked is not None:
+            m.num_batches_tracked = tracked
