@@ -110,7 +110,8 @@ void same_dtype(const Tensor& a, const Tensor& b, const char* what) {
 template <typename T, int Act, bool Add>
 void normalize_rows(const T* x, const T* sc, const Dims& d, const float* mean, const float* scale,
                     const float* bias, T* y) {
-    for_rows(d.N * d.C, d.S, [&](int64_t r) {
+    // (pointers captured by value: a by-reference capture is reloaded in the loop, which stops vectorisation)
+    for_rows(d.N * d.C, d.S, [=](int64_t r) {
         const int64_t c = r % d.C, o = r * d.S;
         const float m = mean[c], s = scale[c], b = bias[c];
 #pragma omp simd
@@ -133,23 +134,28 @@ void reduce_rows(const T* dy, const T* y, const T* x, const Dims& d, const float
                  double* sum_dz_xc) {
     const int64_t R = d.N * d.C;
     std::vector<double> r1(R), r2(R);
-    for_rows(R, d.S, [&](int64_t r) {
+    double* p1 = r1.data();
+    double* p2 = r2.data();
+    for_rows(R, d.S, [=](int64_t r) {
         const float m = mean[r % d.C];
+        float dz[kChunk];  // the chunk's masked gradient (L1-resident): a masked sum does not vectorise
         double a1 = 0.0, a2 = 0.0;
         for (int64_t off = r * d.S, end = (r + 1) * d.S; off < end; off += kChunk) {
-            const int64_t stop = std::min(end, off + kChunk);
+            const int64_t len = std::min(end - off, kChunk);
+#pragma omp simd
+            for (int64_t j = 0; j < len; ++j)
+                dz[j] = masked_grad<T, Act>(dy, y, off + j);
             float b1 = 0.f, b2 = 0.f;
 #pragma omp simd reduction(+ : b1, b2)
-            for (int64_t i = off; i < stop; ++i) {
-                const float g = masked_grad<T, Act>(dy, y, i);
-                b1 += g;
-                b2 += g * (BnIO<T>::load(x[i]) - m);
+            for (int64_t j = 0; j < len; ++j) {
+                b1 += dz[j];
+                b2 += dz[j] * (BnIO<T>::load(x[off + j]) - m);
             }
             a1 += b1;
             a2 += b2;
         }
-        r1[r] = a1;
-        r2[r] = a2;
+        p1[r] = a1;
+        p2[r] = a2;
     });
     std::fill(sum_dz, sum_dz + d.C, 0.0);  // the rows of each channel in n order: independent of the threads
     std::fill(sum_dz_xc, sum_dz_xc + d.C, 0.0);
@@ -162,7 +168,7 @@ void reduce_rows(const T* dy, const T* y, const T* x, const Dims& d, const float
 template <typename T, int Act, bool Shortcut>
 void elemt_rows(const T* dy, const T* y, const T* x, const Dims& d, const float* mean, const BnElemtCoef* coef,
                 T* dx, T* ds) {
-    for_rows(d.N * d.C, d.S, [&](int64_t r) {
+    for_rows(d.N * d.C, d.S, [=](int64_t r) {
         const int64_t c = r % d.C, o = r * d.S;
         const BnElemtCoef k = coef[c];
         const float m = mean[c];

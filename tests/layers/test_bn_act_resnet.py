@@ -26,12 +26,18 @@ from basebn.layers.norm import is_bn2d
 from basebn.models import build_model
 
 
-def _resnet20(fused, monkeypatch, **kw):
+def _resnet(fused, monkeypatch, name="resnet20", **kw):
+    """basebn's ResNet ``name`` (1 input channel for the CIFAR ones), with the fused layers or without."""
+    kw = dict(dict(num_classes=10, in_channels=1 if name == "resnet20" else 3), **kw)
     if not fused:
         with monkeypatch.context() as m:
             m.setattr(resnet_module, "with_act", lambda norm, act: norm)
-            return build_model("resnet20", num_classes=10, in_channels=1, **kw)
-    return build_model("resnet20", num_classes=10, in_channels=1, **kw)
+            return build_model(name, **kw)
+    return build_model(name, **kw)
+
+
+def _resnet20(fused, monkeypatch, **kw):
+    return _resnet(fused, monkeypatch, **kw)
 
 
 def _randomized(model, seed=0):
@@ -51,9 +57,9 @@ def _randomized(model, seed=0):
     return model
 
 
-def _batch(seed=1, n=8):
+def _batch(seed=1, n=8, shape=(1, 28, 28)):
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((n, 1, 28, 28)).astype(np.float32),
+    return (rng.standard_normal((n,) + shape).astype(np.float32),
             rng.integers(0, 10, n).astype(np.int32))
 
 
@@ -86,12 +92,14 @@ def test_resnet20_builds_fused_layers_with_unchanged_keys(monkeypatch):
     assert not [m for m in gn.modules() if has_act(m)]
 
 
-def test_train_step_equals_unfused(backend, monkeypatch):
-    """Same weights and batch: loss, every gradient and every running statistic within 1e-5 relative."""
-    fused = _randomized(_resnet20(True, monkeypatch))
-    plain = _resnet20(False, monkeypatch)
+@pytest.mark.parametrize("name,shape", [("resnet20", (1, 28, 28)), ("resnet18", (3, 32, 32))])
+def test_train_step_equals_unfused(backend, monkeypatch, name, shape):
+    """Same weights and batch: loss, every gradient and every running statistic within 1e-5 relative
+    (ResNet-18: ImageNet stem, max pool, four stages)."""
+    fused = _randomized(_resnet(True, monkeypatch, name))
+    plain = _resnet(False, monkeypatch, name)
     plain.load_state_dict(fused.state_dict())
-    x, labels = _batch()
+    x, labels = _batch(shape=shape)
     got, want = _train_step(fused, x, labels), _train_step(plain, x, labels)
     _rel_close(got[0], want[0], 1e-5, "loss")
     assert got[1].keys() == want[1].keys()
