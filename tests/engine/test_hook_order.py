@@ -58,14 +58,18 @@ def assert_same(a, b, where):
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
+def run_files(run_dir):
+    """(sorted file names but TensorBoard's, number of TensorBoard event files): event files are named by their
+    wall-clock time, so they are compared by count."""
+    names = sorted(os.listdir(run_dir))
+    events = [n for n in names if n.startswith("events.out.tfevents.")]
+    return [n for n in names if n not in events], len(events)
+
+
 def test_reversed_hook_list_writes_the_same_files(tmp_path):
     as_built, reversed_ = str(tmp_path / "as_built"), str(tmp_path / "reversed")
     record = train_tiny(as_built, list)
     train_tiny(reversed_, lambda hooks: hooks[::-1])
-    def run_files(run_dir):  # TensorBoard event files are named by their wall-clock time: compared by count
-        names = sorted(os.listdir(run_dir))
-        return [n for n in names if not n.startswith("events.out.tfevents.")], sum(n.startswith("events.") for n in names)
-
     files, events = run_files(as_built)
     assert (files, events) == run_files(reversed_) and events == 1
     assert {"metrics.jsonl", "best.npz", "latest.npz", "final.npz", "epoch_1.npz", "epoch_3.npz"} <= set(files)
