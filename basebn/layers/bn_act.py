@@ -16,6 +16,7 @@ import megengine.functional as F
 import megengine.module as M
 from megengine.jit import tracing
 
+from .activation import build_activation
 from .batch_norm import BatchNorm2d
 from .bn_act_function import kernel_bn_act_forward
 from .bn_ops import ACTIVATIONS
@@ -23,7 +24,7 @@ from .frozen_bn import FrozenBatchNorm2d
 from .sync_bn import SyncBatchNorm
 
 __all__ = ["BatchNormAct2d", "SyncBatchNormAct2d", "FrozenBatchNormAct2d", "NormActTail", "has_act", "with_act",
-           "carry_act", "norm_act", "apply_act"]
+           "carry_act", "norm_act", "norm_then_act", "apply_act"]
 
 _FUNCTIONS = {"identity": lambda v: v, "relu": F.relu, "relu6": F.relu6}
 
@@ -146,6 +147,16 @@ def with_act(norm, act):
         return norm
     swapped = _swap(norm, act)
     return norm if swapped is None else swapped
+
+
+def norm_then_act(norm, act, fuse=True):
+    """``(norm, act module)`` for a norm followed by activation ``act`` (a name or None): the norm with ``act``
+    fused in and an ``Identity``, or (``fuse`` False, no fused form) the norm as built and
+    ``build_activation(act)``. A block's last norm fuses only when nothing (SE, drop path) sits between it and
+    the residual add; it adds the shortcut then (:func:`norm_act`)."""
+    if fuse and isinstance(act, str):
+        norm = with_act(norm, act)
+    return (norm, M.Identity()) if has_act(norm) else (norm, build_activation(act))
 
 
 def carry_act(src, dst):

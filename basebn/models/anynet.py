@@ -11,8 +11,7 @@ from numbers import Real
 
 import megengine.module as M
 
-from ..layers.activation import build_activation
-from ..layers.bn_act import has_act, with_act
+from ..layers.bn_act import has_act, norm_then_act
 from ..layers.conv_norm_act import ConvNormAct, padded_conv
 from ..layers.drop_path import DropPath
 from ..layers.se import SqueezeExcite, se_width
@@ -22,16 +21,6 @@ from .weight_init import init_weights, zero_init_last_norms
 
 __all__ = ["ResStem", "ResDeepStem", "SimpleStem", "ResBasicBlock", "ResBottleneckBlock", "AnyStage", "AnyNet",
            "linear_drop_path_probs"]
-
-
-def norm_then_act(norm, act, fuse=True):
-    """``(norm, act module)`` for a norm followed by activation ``act``: the norm with ``act`` fused in and an
-    ``Identity``, or (``fuse`` False, no fused form) the norm as built and ``build_activation(act)``. A block's
-    last norm fuses only when nothing (SE, drop path) sits between it and the residual add; it adds the
-    shortcut then."""
-    if fuse and isinstance(act, str):
-        norm = with_act(norm, act)
-    return (norm, M.Identity()) if has_act(norm) else (norm, build_activation(act))
 
 
 class ResStem(M.Module):
