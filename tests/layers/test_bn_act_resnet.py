@@ -12,7 +12,7 @@ import megengine as mge
 import megengine.functional as F
 from megengine.autodiff import GradManager
 
-import basebn.models.anynet as anynet_module
+import basebn.layers.bn_act as bn_act_module
 import basebn.models.resnet as resnet_module
 from basebn.layers import (
     BatchNormAct2d,
@@ -151,7 +151,7 @@ def test_anynet_resnets_step_equals_unfused(backend, monkeypatch, name):
     training step's loss, gradients and running statistics equal the unfused model's."""
     fused = build_model(name, num_classes=10)
     with monkeypatch.context() as m:
-        m.setattr(anynet_module, "with_act", lambda norm, act: norm)
+        m.setattr(bn_act_module, "with_act", lambda norm, act: norm)
         plain = build_model(name, num_classes=10)
     assert [m for m in fused.modules() if has_act(m)] and not [m for m in plain.modules() if has_act(m)]
     assert list(fused.state_dict()) == list(plain.state_dict())
