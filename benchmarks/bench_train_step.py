@@ -1,6 +1,7 @@
 """One CPU training step (forward, backward, SGD update, loss.item()): basebn vs plain MegEngine vs PyTorch.
 
     .venv/bin/python benchmarks/bench_train_step.py [--models resnet20 resnet18 mbnetv2] [--threads 1 2]
+        [--runners basebn mge torch torchc]
         [--rounds 4] [--steps 2] [--warmup 2] [--torch-python PY | --install-torch] [--json OUT] [--profile]
 
 Models: ResNet-20 width 16 (small stem) on 1x28x28 batch 128; ResNet-18 (ImageNet stem) on 3x112x112
@@ -10,6 +11,7 @@ thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
   mge     the same model with every conv / BN turned into plain M.Conv2d / M.BatchNorm2d, MegEngine's SGD
   torch   a hand-written PyTorch equivalent (same shapes; parameter counts printed), SGD with the same
           momentum / weight decay groups; run with --torch-python (or --install-torch: CACHE/torchvenv)
+  torchc  the PyTorch runner with torch.compile (inductor, CPU; compiled in the warm-up steps): the higher anchor
 MegEngine runs on ``--mge-device`` (default ``cpu0``: the default device the trainer uses; ``multithread``
 = ``multithreadT:0``). Rounds alternate A B C, C B A, ...; each step is timed inside its process
 (medians and minima printed, ratios of medians to torch). ``--profile``: basebn's step split by phase
@@ -360,6 +362,8 @@ torch.manual_seed(0)
 torch.set_num_threads(int(sys.argv[2]))
 model, shape, classes = build(sys.argv[1])
 model.train()
+if sys.argv[7] == "compile":
+    model = torch.compile(model)  # inductor; compiled during the warm-up steps
 decay = [p for p in model.parameters() if p.ndim > 1]
 other = [p for p in model.parameters() if p.ndim <= 1]
 opt = torch.optim.SGD([{"params": decay, "weight_decay": float(sys.argv[5])}, {"params": other, "weight_decay": 0.0}],
@@ -455,14 +459,19 @@ def start_runners(args, model, threads, tmp):
     runners = []
     for kind in args.runners:
         log = os.path.join(tmp, f"{kind}_{model}_{threads}.log")
-        if kind == "torch":
+        if kind in ("torch", "torchc"):
             if args.torch:
                 worker = os.path.join(tmp, "torch_worker.py")
                 with open(worker, "w") as f:
                     f.write(TORCH_WORKER)
                 argv = [args.torch, worker, model, str(threads), str(LR), str(MOMENTUM), str(WEIGHT_DECAY),
-                        str(args.warmup)]
-                runners.append(Runner(kind, argv, env, log))
+                        str(args.warmup), "compile" if kind == "torchc" else "eager"]
+                try:
+                    runners.append(Runner(kind, argv, env, log))
+                except RuntimeError as e:  # torch.compile needs a working C++ toolchain
+                    if kind == "torch":
+                        raise
+                    print(f"torch.compile runner skipped: {e}")
             continue
         argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", model,
                 "--device", device, "--warmup", str(args.warmup)]
@@ -518,7 +527,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"], choices=["basebn", "mge", "torch"])
+    ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"], choices=["basebn", "mge", "torch", "torchc"],
+                    help="torchc: PyTorch with torch.compile (inductor, CPU), the higher anchor")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per runner per round")
     ap.add_argument("--warmup", type=int, default=2)
@@ -534,8 +544,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.worker:
         return worker_main(args)
-    args.torch = torch_python(args) if "torch" in args.runners else None
-    if "torch" in args.runners and not args.torch:
+    wants_torch = {"torch", "torchc"} & set(args.runners)
+    args.torch = torch_python(args) if wants_torch else None
+    if wants_torch and not args.torch:
         print("PyTorch not found: pass --torch-python PY or --install-torch; running without it")
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_train_step_") as tmp:
@@ -565,10 +576,11 @@ def main(argv=None):
 
 
 def print_row(res, header):
-    """One table line: median / min ms per runner, ratios of medians to torch."""
+    """One table line: median / min ms per runner, ratios of medians to torch (eager) and to torch.compile."""
     if header:
         print(f"\n{'model':9s} {'thr':>3s} {'device':>14s}  {'basebn med/min ms':>18s} {'mge med/min ms':>16s} "
-              f"{'torch med/min ms':>17s} {'basebn/torch':>12s} {'mge/torch':>9s}  params b/m/t")
+              f"{'torch med/min ms':>17s} {'compiled med/min':>17s} {'basebn/torch':>12s} {'mge/torch':>9s} "
+              f"{'basebn/compiled':>15s}  params b/m/t")
     t = res["times"]
     med = {k: statistics.median(v) * 1e3 for k, v in t.items() if v}
     mn = {k: min(v) * 1e3 for k, v in t.items() if v}
@@ -576,14 +588,14 @@ def print_row(res, header):
     def cell(k, w):
         return f"{med[k]:.0f}/{mn[k]:.0f}".rjust(w) if k in med else "-".rjust(w)
 
-    def ratio(k, w):
-        return f"{med[k] / med['torch']:.2f}x".rjust(w) if k in med and "torch" in med else "-".rjust(w)
+    def ratio(k, w, ref="torch"):
+        return f"{med[k] / med[ref]:.2f}x".rjust(w) if k in med and ref in med else "-".rjust(w)
 
     p = res["params"]
     print(f"{res['model']:9s} {res['threads']:3d} {res['mge_device']:>14s}  {cell('basebn', 18)} {cell('mge', 16)} "
-          f"{cell('torch', 17)} {ratio('basebn', 12)} {ratio('mge', 9)}  "
+          f"{cell('torch', 17)} {cell('torchc', 17)} {ratio('basebn', 12)} {ratio('mge', 9)} "
+          f"{ratio('basebn', 15, 'torchc')}  "
           f"{'/'.join(str(p.get(k, '-')) for k in ('basebn', 'mge', 'torch'))}", flush=True)
-
 
 if __name__ == "__main__":
     main()

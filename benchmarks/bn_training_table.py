@@ -1,15 +1,16 @@
 """Experiment: BN in training (docs/bn_training.md) on Fashion-MNIST, paired seeds; prints markdown tables.
 
     .venv/bin/python benchmarks/bn_training_table.py [--seeds 42 43 44] [--sections small large accum freeze]
-        [--train-samples 4000] [--epochs 2]
 
 Sections (each configuration one `python -m basebn.train` run of ResNet-20 width 8, stride-2 stem, on the first
---train-samples training images, evaluated on the 10k test set; runs already finished are reused):
-  small   batch 4 per process: BN, BRN, GN, SyncBN over 2 MPI ranks, against batch-32 BN (lr scaled with batch)
-  large   batch 512 with bn.norm_batch_size 512 / 128 / 32 / 8
-  accum   8 x 16 accumulation (bn.accumulation_aware on / off) vs one batch of 128: top-1 and the drift of the
-          running statistics from the precise-BN population statistics (mean |mean shift| / std over layers)
-  freeze  bn.freeze_last_epochs 0 / 1 / 2 (precise BN before the freeze)
+training images of the section's budget, evaluated on the 10k test set; runs already finished are reused; lr
+0.4 per 128 images, scaled linearly with the batch, cosine, warm-up a tenth of the run; ~75 min on 2 cores):
+  small   8000 images, 1 epoch. Batch 4 per process: BN, BRN, GN, SyncBN over 2 MPI ranks, against batch-32 BN
+  large   60000 images, 2 epochs. Batch 512 (lr 0.8) with bn.norm_batch_size 512 / 128 / 32 / 8
+  accum   30000 images, 1 epoch. 8 x 16 accumulation (bn.accumulation_aware on / off) vs one batch of 128: top-1
+          and the drift of the running statistics from the precise-BN population statistics (mean |mean shift|
+          / std over layers)
+  freeze  30000 images, 3 epochs. bn.freeze_last_epochs 0 / 1 / 2 (precise BN before the freeze)
 Paired differences against each section's reference: mean over seeds and [min, max].
 """
 import argparse
@@ -33,14 +34,19 @@ from basebn.models import load_weights  # noqa: E402
 CONFIG = os.path.join(ROOT, "configs", "fmnist_resnet20.py")
 
 
+# (training images, epochs) per section: batch 4 is per-call-overhead bound (~70 ms a step), batch 512 is not
+BUDGET = {"small": (8000, 1), "large": (60000, 2), "accum": (30000, 1), "freeze": (30000, 3)}
+
+
 def _lr(batch):
-    """solver.basic_lr for `batch` per process: 0.1 per 128 images (the total lr is basic_lr * world size)."""
-    return 0.1 * batch / 128
+    """solver.basic_lr for `batch` per process: 0.4 per 128 images (the total lr is basic_lr * world size)."""
+    return 0.4 * batch / 128
 
 
-def sections(args):
+def sections():
     """{section: (reference label, [(label, overrides, processes)])}."""
-    e = args.epochs
+    e = BUDGET["small"][1]
+    accum = ["batch_size=16", f"solver.basic_lr={_lr(128)}", "solver.accumulation_steps=8"]
     return {
         "small": ("BN, batch 32", [
             ("BN, batch 32", ["batch_size=32", f"solver.basic_lr={_lr(32)}"], 1),
@@ -51,18 +57,17 @@ def sections(args):
             ("SyncBN, 2 x batch 4", ["batch_size=4", f"solver.basic_lr={_lr(4)}", "model.norm='SyncBN'"], 2),
         ]),
         "large": ("norm_batch_size 512", [
-            (f"norm_batch_size {g}", ["batch_size=512", "solver.basic_lr=0.4", f"bn.norm_batch_size={g}"], 1)
+            (f"norm_batch_size {g}", ["batch_size=512", "solver.basic_lr=0.8", f"bn.norm_batch_size={g}"], 1)
             for g in (512, 128, 32, 8)]),
         "accum": ("one batch of 128", [
-            ("one batch of 128", ["batch_size=128", "solver.basic_lr=0.1"], 1),
-            ("8 x 16, accumulation-aware", ["batch_size=16", "solver.basic_lr=0.1", "solver.accumulation_steps=8",
-                                            "bn.accumulation_aware=True"], 1),
-            ("8 x 16, per micro-batch", ["batch_size=16", "solver.basic_lr=0.1", "solver.accumulation_steps=8",
-                                         "bn.accumulation_aware=False"], 1),
+            ("one batch of 128", ["batch_size=128", f"solver.basic_lr={_lr(128)}"], 1),
+            ("8 x 16, accumulation-aware", accum + ["bn.accumulation_aware=True"], 1),
+            ("8 x 16, per micro-batch", accum + ["bn.accumulation_aware=False"], 1),
         ]),
         "freeze": ("freeze_last_epochs 0", [
-            (f"freeze_last_epochs {n}", ["batch_size=128", "solver.basic_lr=0.1", f"bn.freeze_last_epochs={n}",
-                                         "bn.precise_every_n_epoch=-1", "bn.num_samples_precise=4096"], 1)
+            (f"freeze_last_epochs {n}", ["batch_size=128", f"solver.basic_lr={_lr(128)}",
+                                         f"bn.freeze_last_epochs={n}", "bn.precise_every_n_epoch=-1",
+                                         "bn.num_samples_precise=4096"], 1)
             for n in (0, 1, 2)]),
     }
 
@@ -75,8 +80,9 @@ def _mpiexec():
 def run(label, overrides, procs, seed, args, section):
     """Train one configuration (skipped when its final.npz exists); returns (top-1, output_dir, overrides)."""
     out = os.path.join(args.out, section, label.replace(" ", "_").replace(",", ""), f"seed{seed}")
-    full = overrides + [f"seed={seed}", f"solver.max_epoch={args.epochs}", "model.base_width=8",
-                        f"data.max_train_samples={args.train_samples}", "model_ema.enabled=False",
+    samples, epochs = BUDGET[section]
+    full = overrides + [f"seed={seed}", f"solver.max_epoch={epochs}", f"solver.warmup_epochs={epochs / 10}",
+                        "model.base_width=8", f"data.max_train_samples={samples}", "model_ema.enabled=False",
                         f"output_dir={out!r}", "eval_every_n_epoch=inf", "log_every_n_iter=200"]
     if find_checkpoint(out, FINAL) is None:
         cmd = [sys.executable, "-m", "basebn.train", CONFIG, *full]
@@ -110,14 +116,15 @@ def _diff(values, ref):
 
 
 def table(section, args):
-    ref_label, configs = sections(args)[section]
+    ref_label, configs = sections()[section]
     results = {}
     for label, overrides, procs in configs:
         results[label] = [run(label, overrides, procs, s, args, section) for s in args.seeds]
     with_drift = section == "accum"
     if with_drift:
         drifts = {label: [drift(out, ov, args.precise_samples) for _, out, ov in r] for label, r in results.items()}
-    print(f"\n### {section}: Fashion-MNIST, ResNet-20 w8, {args.train_samples} train samples, {args.epochs} epochs, "
+    samples, epochs = BUDGET[section]
+    print(f"\n### {section}: Fashion-MNIST, ResNet-20 w8, {samples} train samples, {epochs} epochs, "
           f"seeds {' '.join(map(str, args.seeds))}; top-1 on the 10k test set, mean [min, max]\n")
     head = "| configuration | top-1 | vs " + ref_label + " (paired) |" + (" running-stat drift |" if with_drift else "")
     print(head)
@@ -137,8 +144,6 @@ def main():
     p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     p.add_argument("--sections", nargs="+", default=["small", "large", "accum", "freeze"],
                    choices=["small", "large", "accum", "freeze"])
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--train-samples", type=int, default=4000)
     p.add_argument("--precise-samples", type=int, default=2048)
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "bn_training"))
     args = p.parse_args()
