@@ -4,12 +4,13 @@ Blocks: :class:`~basebn.models.mbnet.MBConv` (SE squeezed from the block *input*
 sigmoid gate) and :class:`FuseMBConv` (EfficientNetV2: expansion and depthwise fused into one kxk conv).
 BN defaults: basecls's, momentum 0.9, eps 1e-5 (MegEngine's BatchNorm2d defaults, as basecls builds them; the
 paper's are 0.99 / 1e-3): a basecls or timm checkpoint gives the original's logits with no BN kwargs.
+A BN followed by an activation with a fused form (Lite's relu6; silu once fusable) carries it
+(:func:`~basebn.layers.bn_act.norm_then_act`; same names and state dict).
 """
 import math
 from numbers import Real
 
-
-from ..layers.activation import build_activation
+from ..layers.bn_act import norm_then_act
 from ..layers.conv_norm_act import padded_conv
 from ..layers.divisible import make_divisible
 from ..layers.drop_path import DropPath
@@ -32,13 +33,14 @@ class FuseMBConv(InvertedResidual):
         if exp_r != 1.0:
             w_mid = int(w_in * exp_r)
             self.exp = padded_conv(w_in, w_mid, kernel, stride=stride)
-            self.exp_bn, self.exp_act = norm_layer(w_mid), build_activation(act)
+            self.exp_bn, self.exp_act = norm_then_act(norm_layer(w_mid), act)
         w_se = se_width(w_in, se_r, "floor")
         self.se = SqueezeExcite(w_mid, w_se, act, hard_gate=False) if w_se > 0 else None
         fused = self.exp is None
         self.proj = padded_conv(w_mid, w_out, kernel if fused else 1, stride=stride if fused else 1)
-        self.proj_bn = norm_layer(w_out)
-        self.proj_act = build_activation(act) if fused else None
+        self.proj_bn, self.proj_act = norm_layer(w_out), None
+        if fused:
+            self.proj_bn, self.proj_act = norm_then_act(self.proj_bn, act)
         self.has_skip = has_skip and w_in == w_out and stride == 1
         self.drop_path = DropPath(drop_path_prob) if self.has_skip else None
 

@@ -1,8 +1,13 @@
-"""Classifier heads with basecls's module names (``head.conv``, ``head.bn``, ``head.fc``, ...)."""
+"""Classifier heads with basecls's module names (``head.conv``, ``head.bn``, ``head.fc``, ...).
+
+The conv heads' ``bn`` carries the activation after it when both have a fused form
+(:func:`~basebn.layers.bn_act.norm_then_act`: ``act`` is then an ``Identity``; same state dict).
+"""
 import megengine.functional as F
 import megengine.module as M
 
 from ..layers.activation import build_activation
+from ..layers.bn_act import norm_then_act
 from ..layers.conv_norm_act import padded_conv
 from ..layers.pooling import AdaptiveAvgPool2d, GlobalAvgPool2d
 from ..layers.se import SqueezeExcite
@@ -18,8 +23,7 @@ class ClsHead(M.Module):
         self.width = width
         if width > 0:
             self.conv = padded_conv(w_in, width, 1)
-            self.bn = norm_layer(width)
-            self.act = build_activation(act)
+            self.bn, self.act = norm_then_act(norm_layer(width), act)
             w_in = width
         self.avg_pool = GlobalAvgPool2d()
         self.dropout = M.Dropout(dropout) if dropout > 0 else None
@@ -41,8 +45,7 @@ class MBV3Head(M.Module):
                  se_r=0.0, bias=True):
         super().__init__()
         self.conv = padded_conv(w_in, width, 1)
-        self.bn = norm_layer(width)
-        self.act = build_activation(act)
+        self.bn, self.act = norm_then_act(norm_layer(width), act)
         self.avg_pool = GlobalAvgPool2d()
         self.se = SqueezeExcite(width, int(se_r * width), act) if se_r > 0 else None
         self.h_fc = M.Linear(width, w_h, bias=bias)

@@ -4,7 +4,10 @@ Stem (two 3x3/2 conv-norm-act) -> stages of parallel branches of ResNet blocks j
 (stride-2 3x3 convs down, 1x1 conv + nearest upsample up) -> merge (one bottleneck per branch, 3x3/2
 down-samples summed from fine to coarse) -> ClsHead (1x1 conv to 2048, pool, fc). Keys: ``stem.conv_1``,
 ``stage2.transition.trans_2.conv_1``, ``stage3.module1.branch1.block1.a``, ``stage3.module1.fusion.fuse_2_1``,
-``merge.dnsample1.conv``, ``head.fc``. The blocks are :mod:`basebn.models.anynet`'s, like basecls's.
+``merge.dnsample1.conv``, ``head.fc``. The blocks are :mod:`basebn.models.anynet`'s, like basecls's. Every
+norm followed by its own activation (stem, transitions, fusion down-paths, merge down-samples, the blocks' BNs and
+residual adds) carries it when both have a fused form (:func:`~basebn.layers.bn_act.norm_then_act`; the ``act_*``
+slot holds an ``Identity``); the sums of several scales in a fusion layer run their activation unfused.
 """
 from collections import OrderedDict
 
@@ -12,6 +15,7 @@ import megengine.functional as F
 import megengine.module as M
 
 from ..layers.activation import build_activation
+from ..layers.bn_act import norm_then_act
 from ..layers.conv_norm_act import padded_conv
 from .anynet import ResBasicBlock, ResBottleneckBlock
 from .heads import ClsHead
@@ -35,6 +39,13 @@ def hr_block(block_name, w_in, w_out, norm_layer, act):
 def _sequential(layers):
     """An M.Sequential whose children carry the given names (basecls's ``conv_1``, ``norm_1``, ``act_1``)."""
     return M.Sequential(OrderedDict(layers))
+
+
+def _norm_act(norm_name, act_name, norm, act):
+    """[(norm_name, norm), (act_name, act module)] with the activation fused into the norm where it can be
+    (:func:`~basebn.layers.bn_act.norm_then_act`; the act slot is then an ``Identity``)."""
+    norm, act = norm_then_act(norm, act)
+    return [(norm_name, norm), (act_name, act)]
 
 
 class UpsampleNearest(M.Module):
@@ -62,10 +73,11 @@ class HRFusion(M.Module):
                     layers, steps = [], f_o - f_i
                     for i in range(steps):
                         w_out = channels[f_i if i < steps - 1 else f_o]
-                        layers += [(f"conv_{i + 1}", padded_conv(channels[f_i], w_out, 3, stride=2)),
-                                   (f"norm_{i + 1}", norm_layer(w_out))]
+                        layers.append((f"conv_{i + 1}", padded_conv(channels[f_i], w_out, 3, stride=2)))
                         if i < steps - 1:
-                            layers.append((f"act_{i + 1}", build_activation(act)))
+                            layers += _norm_act(f"norm_{i + 1}", f"act_{i + 1}", norm_layer(w_out), act)
+                        else:  # summed with the other scales before the activation
+                            layers.append((f"norm_{i + 1}", norm_layer(w_out)))
                     layer = _sequential(layers)
                 elif f_i > f_o:  # up: 1x1 conv, norm, nearest upsample
                     layer = _sequential([("conv_1", padded_conv(channels[f_i], channels[f_o], 1)),
@@ -118,14 +130,14 @@ class HRTrans(M.Module):
         for t_o, c_out in enumerate(out_chs):
             layer = None
             if t_o < n_in and in_chs[t_o] != c_out:
-                layer = _sequential([("conv_1", padded_conv(in_chs[t_o], c_out, 3)), ("norm_1", norm_layer(c_out)),
-                                     ("act_1", build_activation(act))])
+                layer = _sequential([("conv_1", padded_conv(in_chs[t_o], c_out, 3)),
+                                     *_norm_act("norm_1", "act_1", norm_layer(c_out), act)])
             elif t_o >= n_in:
                 layers = []
                 for i in range(t_o - n_in + 1):
                     w_out = c_out if i == t_o - n_in else in_chs[-1]
                     layers += [(f"conv_{i + 1}", padded_conv(in_chs[-1], w_out, 3, stride=2)),
-                               (f"norm_{i + 1}", norm_layer(w_out)), (f"act_{i + 1}", build_activation(act))]
+                               *_norm_act(f"norm_{i + 1}", f"act_{i + 1}", norm_layer(w_out), act)]
                 layer = _sequential(layers)
             setattr(self, f"trans_{t_o + 1}", layer)
 
@@ -173,7 +185,7 @@ class HRMerge(M.Module):
         for i, (w_in, w_out) in enumerate(zip(channels[:-1], channels[1:])):
             setattr(self, f"dnsample{i + 1}", _sequential([
                 ("conv", padded_conv(w_in * mul, w_out * mul, 3, stride=2, bias=True)),
-                ("norm", norm_layer(w_out * mul)), ("act", build_activation(act))]))
+                *_norm_act("norm", "act", norm_layer(w_out * mul), act)]))
 
     def forward(self, x_list):
         x = self.branch1(x_list[0])
@@ -195,10 +207,10 @@ class HRNet(M.Module):
         super().__init__()
         norm_layer = norm_factory(norm, bn_momentum, bn_eps, self.default_bn_momentum, self.default_bn_eps)
         self.stem = _sequential([
-            ("conv_1", padded_conv(in_channels, w_stem, 3, stride=2)), ("norm_1", norm_layer(w_stem)),
-            ("act_1", build_activation(act)),
-            ("conv_2", padded_conv(w_stem, w_stem, 3, stride=2)), ("norm_2", norm_layer(w_stem)),
-            ("act_2", build_activation(act))])
+            ("conv_1", padded_conv(in_channels, w_stem, 3, stride=2)),
+            *_norm_act("norm_1", "act_1", norm_layer(w_stem), act),
+            ("conv_2", padded_conv(w_stem, w_stem, 3, stride=2)),
+            *_norm_act("norm_2", "act_2", norm_layer(w_stem), act)])
         self.num_stages = len(stage_modules)
         pre = []
         for i in range(self.num_stages):

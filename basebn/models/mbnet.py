@@ -3,12 +3,14 @@
 One block, :class:`MBConv` (inverted bottleneck: [1x1 expand, norm, act], kxk depthwise, norm, act, [SE],
 1x1 project, norm, [act], [skip]), covers all three versions. BN defaults: basecls's, momentum 0.9, eps 1e-5,
 for V3 too (MegEngine's BatchNorm2d defaults, as basecls builds them; the V3 paper's are 0.99 / 1e-3).
+The expand, depthwise and (V1) project BNs carry the activation after them when it has a fused form
+(:func:`~basebn.layers.bn_act.norm_then_act`: relu / relu6 today, not hswish; same names and state dict).
 """
 from numbers import Real
 
 import megengine.module as M
 
-from ..layers.activation import build_activation
+from ..layers.bn_act import norm_then_act
 from ..layers.conv_norm_act import padded_conv
 from ..layers.divisible import make_divisible
 from ..layers.drop_path import DropPath
@@ -55,13 +57,14 @@ class MBConv(InvertedResidual):
         self.exp = None
         if exp_r != 1.0:
             w_mid = make_divisible(w_in * exp_r, round_limit=0.9)
-            self.exp, self.exp_bn, self.exp_act = padded_conv(w_in, w_mid, 1), norm_layer(w_mid), build_activation(act)
+            self.exp, (self.exp_bn, self.exp_act) = padded_conv(w_in, w_mid, 1), norm_then_act(norm_layer(w_mid), act)
         self.dwise = padded_conv(w_mid, w_mid, kernel, stride=stride, groups=w_mid)
-        self.dwise_bn, self.dwise_act = norm_layer(w_mid), build_activation(act)
+        self.dwise_bn, self.dwise_act = norm_then_act(norm_layer(w_mid), act)
         w_se = se_width(w_mid if se_from_exp else w_in, se_r, se_rule)
         self.se = SqueezeExcite(w_mid, w_se, se_act, hard_gate=se_hard_gate) if w_se > 0 else None
-        self.proj, self.proj_bn = padded_conv(w_mid, w_out, 1), norm_layer(w_out)
-        self.proj_act = build_activation(act) if has_proj_act else None
+        self.proj, self.proj_bn, self.proj_act = padded_conv(w_mid, w_out, 1), norm_layer(w_out), None
+        if has_proj_act:
+            self.proj_bn, self.proj_act = norm_then_act(self.proj_bn, act)
         self.has_skip = has_skip and w_in == w_out and stride == 1
         self.drop_path = DropPath(drop_path_prob) if self.has_skip else None
 

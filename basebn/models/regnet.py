@@ -2,11 +2,13 @@
 
 Per-stage widths and depths come from the (w0, wa, wm, depth) parametrisation (:func:`generate_regnet`),
 made compatible with the group width (:func:`adjust_block_compatibility`). RegNetY adds SE (ratio 0.25
-of the block *input* width) after the grouped 3x3 conv.
+of the block *input* width) after the grouped 3x3 conv. The stem's and each block's a / b BNs carry the activation,
+and c_bn the residual add and activation (nothing sits between; SE is in the b branch), when they have a fused
+form (:func:`~basebn.layers.bn_act.norm_then_act`; same names and state dict).
 """
 import numpy as np
 
-from ..layers.activation import build_activation
+from ..layers.bn_act import has_act, norm_then_act
 from ..layers.conv_norm_act import padded_conv
 from ..layers.se import SqueezeExcite, se_width
 from .anynet import AnyNet, SimpleStem, _Shortcut
@@ -23,12 +25,12 @@ class RegBottleneckBlock(_Shortcut):
         self._init_shortcut(w_in, w_out, stride, norm_layer, avg_down=False)
         w_b = int(round(w_out * bot_mul))
         w_se = se_width(w_in, se_r, "round")
-        self.a, self.a_bn, self.a_act = padded_conv(w_in, w_b, 1), norm_layer(w_b), build_activation(act)
+        self.a, (self.a_bn, self.a_act) = padded_conv(w_in, w_b, 1), norm_then_act(norm_layer(w_b), act)
         self.b = padded_conv(w_b, w_b, 3, stride=stride, groups=w_b // group_w)
-        self.b_bn, self.b_act = norm_layer(w_b), build_activation(act)
+        self.b_bn, self.b_act = norm_then_act(norm_layer(w_b), act)
         self.se = SqueezeExcite(w_b, w_se, act) if w_se > 0 else None
-        self.c, self.c_bn = padded_conv(w_b, w_out, 1), norm_layer(w_out)
-        self.act = build_activation(act)
+        self.c = padded_conv(w_b, w_out, 1)
+        self.c_bn, self.act = norm_then_act(norm_layer(w_out), act)  # SE is before c: c_bn -> add -> act always
 
     def last_norm(self):
         return self.c_bn
@@ -39,6 +41,8 @@ class RegBottleneckBlock(_Shortcut):
         x = self.b_act(self.b_bn(self.b(x)))
         if self.se is not None:
             x = self.se(x)
+        if has_act(self.c_bn):  # fused: c_bn adds the shortcut and applies the activation
+            return self.c_bn(self.c(x), x_p)
         return self.act(self.c_bn(self.c(x)) + x_p)
 
 

@@ -3,12 +3,13 @@
 A stride-1 block splits the input by :func:`~basebn.layers.channel_shuffle.shuffle_split` (the previous
 block's channel shuffle), transforms one half and concatenates; a stride-2 block transforms both
 copies (``branch_proj``, ``branch_main``). V2+ adds Xception-style blocks (kernel "x"), SE, hard swish
-and an MBV3 head.
+and an MBV3 head. A BN followed by an activation with a fused form (relu today, not hswish) carries it
+(:func:`~basebn.layers.bn_act.norm_then_act`: the activation's Sequential slot holds an ``Identity``; same state dict).
 """
 import megengine.functional as F
 import megengine.module as M
 
-from ..layers.activation import build_activation
+from ..layers.bn_act import norm_then_act
 from ..layers.channel_shuffle import shuffle_split
 from ..layers.conv_norm_act import padded_conv
 from ..layers.drop_path import DropPath
@@ -24,7 +25,7 @@ __all__ = ["SNV2Block", "SNetV2", "SNET_NAMES", "build_snet"]
 def _dw_pw(w_in, w_out, kernel, stride, norm_layer, act):
     """[kxk depthwise, norm, 1x1, norm, act] as a flat module list."""
     return [padded_conv(w_in, w_in, kernel, stride=stride, groups=w_in), norm_layer(w_in),
-            padded_conv(w_in, w_out, 1), norm_layer(w_out), build_activation(act)]
+            padded_conv(w_in, w_out, 1), *norm_then_act(norm_layer(w_out), act)]
 
 
 def _main_branch(w_in, w_mid, w_out, kernel, stride, norm_layer, act):
@@ -32,9 +33,9 @@ def _main_branch(w_in, w_mid, w_out, kernel, stride, norm_layer, act):
     if kernel == "x":
         return (_dw_pw(w_in, w_mid, 3, stride, norm_layer, act) + _dw_pw(w_mid, w_mid, 3, 1, norm_layer, act)
                 + _dw_pw(w_mid, w_out, 3, 1, norm_layer, act))
-    return [padded_conv(w_in, w_mid, 1), norm_layer(w_mid), build_activation(act),
+    return [padded_conv(w_in, w_mid, 1), *norm_then_act(norm_layer(w_mid), act),
             padded_conv(w_mid, w_mid, kernel, stride=stride, groups=w_mid), norm_layer(w_mid),
-            padded_conv(w_mid, w_out, 1), norm_layer(w_out), build_activation(act)]
+            padded_conv(w_mid, w_out, 1), *norm_then_act(norm_layer(w_out), act)]
 
 
 class SNV2Block(M.Module):

@@ -1,10 +1,12 @@
 """VGG with BatchNorm (vgg11_bn .. vgg19_bn), basecls's module names (``s1.b1.0`` conv, ``s1.b1.1`` norm).
 
-The head pools to 7x7 with PyTorch's adaptive bins, so inputs smaller than 224 (down to 32) work.
+The head pools to 7x7 with PyTorch's adaptive bins, so inputs smaller than 224 (down to 32) work. Each block's BN
+carries the activation when both have a fused form (:func:`~basebn.layers.bn_act.norm_then_act`: ``s1.b1.2`` is
+then an ``Identity``; same state dict).
 """
 import megengine.module as M
 
-from ..layers.activation import build_activation
+from ..layers.bn_act import norm_then_act
 from ..layers.conv_norm_act import padded_conv
 from .heads import VGGHead
 from .norm_factory import norm_factory
@@ -20,7 +22,8 @@ class VGGStage(M.Module):
         super().__init__()
         self.depth = depth
         for i in range(depth):
-            setattr(self, f"b{i + 1}", M.Sequential(padded_conv(w_in, w_out, 3), norm_layer(w_out), build_activation(act)))
+            bn, act_module = norm_then_act(norm_layer(w_out), act)
+            setattr(self, f"b{i + 1}", M.Sequential(padded_conv(w_in, w_out, 3), bn, act_module))
             w_in = w_out
         self.max_pool = M.MaxPool2d(kernel_size=2, stride=2)
 

@@ -1,0 +1,178 @@
+"""The fused BN-activation layers (basebn.layers.bn_act) in every family besides the ResNets
+(tests/layers/test_bn_act_resnet.py): one small model per family, built once as usual and once with ``with_act``
+disabled (the plain MegEngine BN -> activation graph, the reference). Same module names and state-dict keys;
+one training step gives the same loss, parameter gradients and BN running statistics; deploy-time conv-BN fusion
+(RepVGG: reparameterisation) keeps the eval output. SyncBN and FrozenBN fuse too, GN does not. ~45 s on 2 busy
+cores.
+"""
+import functools
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import megengine as mge
+import megengine.functional as F
+from megengine.autodiff import GradManager
+
+import basebn.layers.bn_act as bn_act_module
+from basebn.layers import bn_ops, fuse_conv_bn
+from basebn.layers.bn_act import FrozenBatchNormAct2d, SyncBatchNormAct2d, has_act
+from basebn.layers.norm import is_bn
+from basebn.models import build_model, reparameterize
+from basebn.models.regnet import RegNet
+
+RTOL = 1e-5
+# three stages (the third fuses three scales: a two-step down path), one block per branch, narrow
+HRNET_SMALL = dict(stage_modules=[1, 1, 1], stage_blocks=[[1], [1, 1], [1, 1, 1]], w_stem=16,
+                   stage_channels=[[8], [8, 16], [8, 16, 32]], merge_channels=(8, 16, 32), head_width=64)
+# case: (model name or constructor, kwargs keeping it small (fewer blocks, every block kind kept), {activation:
+# number of BNs followed by it}). The BNs of fusable activations (bn_ops.ACTIVATIONS) must fuse, the others not.
+# Inputs: 32 px, batch 4. The runtime is mostly fuse_conv_bn's trace, which grows with the module count.
+CASES = {
+    # regnety_002's parameters at depth 4 (stages of 1, 1, 2 blocks): stem + a/b/c of every block (c: BN +
+    # residual add + ReLU; SE sits in the b branch); the shortcut BNs stay plain
+    "regnety": (functools.partial(RegNet, 4, 24, 36.44, 2.49, 8, se_r=0.25), {}, {"relu": 13}),
+    "mbnetv1": ("mbnetv1_x025", dict(depths=[1, 1, 1, 2, 1]), {"relu6": 13}),  # project BNs too (has_proj_act)
+    # expand + depthwise BNs, stem, head; project BNs (no activation after the skip add) stay plain
+    "mbnetv2": ("mbnetv2_x035", dict(depths=[1, 2, 1, 1, 1, 1, 1]), {"relu6": 17}),
+    "mbnetv3": ("mbnetv3_small_x075", dict(depths=[1, 2, 1, 1, 1], exp_rs=[1, [4.5, 3.67], 4, 3, 6]),
+                {"relu": 5, "hswish": 8}),  # relu stages, hswish stages, SE, MBV3Head
+    "effnet_lite": ("effnet_b0_lite", dict(width_mult=0.5, depths=[1, 2, 1, 1, 1, 1, 1]), {"relu6": 17}),
+    "effnetv2": ("effnetv2_b0", dict(width_mult=0.5, depths=[2, 2, 1, 2, 1, 1], act="relu"), {"relu": 15}),
+    "snetv2": ("snetv2_x050", dict(depths=[2, 2, 2]), {"relu": 17}),
+    "snetv2p": ("snetv2p_x075", dict(widths=[24, 48, 96, 192], depths=[2, 1, 1, 2],
+                                     kernels=[[3, "x"], [5], [7], ["x", 7]]), {"relu": 6, "hswish": 14}),
+    "vgg_bn": ("vgg11_bn", dict(widths=(8, 8, 16, 16, 16), head_width=32), {"relu": 8}),
+    # stem, transitions, fusion down-paths but their last norm (summed), merge, blocks; shortcut BNs plain
+    "hrnet": ("hrnet_w18_small_v1", HRNET_SMALL, {"relu": 31}),
+    "repvgg": ("repvgg_a0", dict(num_blocks=[1, 1, 2, 1]), {}),  # three branches summed before the act: none
+}
+
+
+def _expected_acts(case):
+    """{activation: count} of the BNs that must carry their activation (a fused form exists today)."""
+    return {act: n for act, n in CASES[case][2].items() if act in bn_ops.ACTIVATIONS and n}
+
+
+def _build(case, fused, monkeypatch, **kw):
+    name, kwargs, _ = CASES[case]
+    kwargs = dict(kwargs, num_classes=10, **kw)
+    build = functools.partial(build_model, name) if isinstance(name, str) else name
+    if fused:
+        return build(**kwargs)
+    with monkeypatch.context() as m:
+        m.setattr(bn_act_module, "with_act", lambda norm, act: norm)
+        return build(**kwargs)
+
+
+def _randomized(model, seed=0):
+    """Non-trivial BN affine and running statistics (fresh ones are 1/0, which hide mistakes)."""
+    rng = np.random.default_rng(seed)
+    for m in model.modules():
+        if is_bn(m):
+            shape = m.running_mean.shape
+            for attr, values in (("weight", rng.uniform(0.5, 1.5, shape)), ("bias", rng.normal(0, 0.3, shape)),
+                                 ("running_mean", rng.normal(0, 0.2, shape)),
+                                 ("running_var", rng.uniform(0.5, 2.0, shape))):
+                getattr(m, attr)[:] = mge.tensor(values.astype(np.float32))
+    return model
+
+
+def _pair(case, monkeypatch):
+    """(fused model with random BNs, unfused model with its weights)."""
+    fused = _randomized(_build(case, True, monkeypatch))
+    plain = _build(case, False, monkeypatch)
+    plain.load_state_dict(fused.state_dict())
+    return fused, plain
+
+
+def _batch(seed=1, n=4, size=32):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 3, size, size)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
+def _train_step(model, x, labels):
+    """One training step's loss, parameter gradients and BN running statistics (numpy); dropout and drop path
+    draw the same masks for every model (a fixed seed)."""
+    model.train()
+    mge.random.seed(0)
+    gm = GradManager().attach(model.parameters())
+    with gm:
+        loss = F.nn.cross_entropy(model(mge.tensor(x)), mge.tensor(labels))
+        gm.backward(loss)
+    grads = {k: p.grad.numpy() for k, p in model.named_parameters()}
+    stats = {k: v for k, v in model.state_dict().items() if k.endswith(("running_mean", "running_var"))}
+    return float(loss.numpy()), grads, stats
+
+
+def _rel_close(a, b, rtol, what, scale=0.0):
+    """max |a - b| <= rtol * max(|b|, scale)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    err, scale = np.abs(a - b).max(), max(np.abs(b).max(), scale)
+    assert err <= rtol * max(scale, 1e-30), f"{what}: max err {err:.3g} vs scale {scale:.3g}"
+
+
+def _grad_scale(grads, key):
+    """A bias gradient's scale: the larger of its own and its module's weight gradient. A bias that reaches a
+    training-mode BN through linear ops only (a conv's bias before its BN, a BN's bias before conv -> BN) has a
+    mathematically zero gradient: both models give rounding noise, on the scale of the sums that cancel."""
+    if not key.endswith(".bias"):
+        return 0.0
+    weight = grads.get(key[:-len("bias")] + "weight")
+    return 0.0 if weight is None else float(np.abs(weight).max())
+
+
+def _assert_same_step(fused, plain, x, labels):
+    """One training step of both models: the same loss, parameter gradients and running statistics."""
+    got, want = _train_step(fused, x, labels), _train_step(plain, x, labels)
+    _rel_close(got[0], want[0], RTOL, "loss")
+    assert got[1].keys() == want[1].keys()
+    for k in want[1]:
+        _rel_close(got[1][k], want[1][k], RTOL, f"gradient of {k}", _grad_scale(want[1], k))
+    assert got[2].keys() == want[2].keys()
+    for k in want[2]:
+        _rel_close(got[2][k], want[2][k], RTOL, k)
+
+
+def _eval(model, x):
+    model.eval()
+    return model(mge.tensor(x)).numpy()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fused_family_equals_unfused(case, monkeypatch):
+    fused, plain = _pair(case, monkeypatch)
+    assert Counter(m.act for m in fused.modules() if has_act(m)) == _expected_acts(case)
+    assert not [m for m in plain.modules() if has_act(m)]
+    assert list(fused.state_dict()) == list(plain.state_dict())
+    assert [n for n, _ in fused.named_modules()] == [n for n, _ in plain.named_modules()]
+
+    x, labels = _batch()
+    _assert_same_step(fused, plain, x, labels)
+
+    # eval: the same output, and after the family's deploy folding (every BN folded into its conv)
+    want_out = _eval(plain, x)
+    _rel_close(_eval(fused, x), want_out, RTOL, "eval output")
+    deployed = reparameterize(fused) if case == "repvgg" else fuse_conv_bn(fused, x)
+    assert not [m for m in deployed.modules() if is_bn(m)]
+    _rel_close(_eval(deployed, x), want_out, 1e-4, "eval output after folding")
+
+
+@pytest.mark.parametrize("norm, cls", [("SyncBN", SyncBatchNormAct2d), ("FrozenBN", FrozenBatchNormAct2d)])
+def test_other_bn_kinds_fuse(norm, cls, monkeypatch):
+    """SyncBN (one process) and FrozenBN build their act subclasses; training step and eval as the plain ones."""
+    model = _randomized(_build("regnety", True, monkeypatch, norm=norm))
+    acts = [m for m in model.modules() if has_act(m)]
+    assert len(acts) == sum(_expected_acts("regnety").values()) and all(type(m) is cls for m in acts)
+    plain = _build("regnety", False, monkeypatch, norm=norm)
+    plain.load_state_dict(model.state_dict())
+    x, labels = _batch(seed=2)
+    _assert_same_step(model, plain, x, labels)
+    _rel_close(_eval(model, x), _eval(plain, x), RTOL, f"{norm} eval output")
+
+
+def test_group_norm_builds_unfused(monkeypatch):
+    for case in ("regnety", "mbnetv2", "snetv2", "vgg_bn", "hrnet"):
+        model = _build(case, True, monkeypatch, norm="GN")
+        assert not [m for m in model.modules() if has_act(m)], case
