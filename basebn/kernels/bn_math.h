@@ -199,7 +199,31 @@ BN_HD constexpr bool bn_act_from_pre(int act) {
     return act == kBnActSilu || act == kBnActHswish;
 }
 
-// SiLU: pre * sigmoid(pre) = pre / (1 + exp(-pre)) (-0 for pre < -88: exp overflows to inf)
+// exp(v): expf on the device. On the host a branch-free expf that `omp simd` loops vectorise (glibc's vector
+// expf needs -ffast-math, which the build does not use): v = n ln2 + r, |r| <= ln2 / 2, e^r by Cephes' expf
+// polynomial, 2^n through the exponent bits; within 1 ulp of e^v for v in [-87.33, 88.37]. Outside, v is clamped
+// to that range (e^v saturates at FLT_MIN and 2.4e38; SiLU only adds it to 1); NaN gives NaN.
+BN_HD float bn_expf(float v) {
+#if defined(__CUDA_ARCH__)
+    return expf(v);
+#else
+    float c = v < 88.3762626647949f ? v : 88.3762626647949f;
+    c = c > -87.3365447505531f ? c : -87.3365447505531f;
+    const float fn = (c * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round to nearest (1.5 * 2^23)
+    const float r = (c - fn * 0.693359375f) - fn * -2.12194440e-4f;       // ln2 in two parts
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    const float e = p * bn_u2f((uint32_t)((int32_t)fn + 127) << 23);
+    return v == v ? e : v;
+#endif
+}
+
+// SiLU: pre * sigmoid(pre) = pre / (1 + exp(-pre))
 // HSwish: pre * relu6(pre + 3) / 6 (MegEngine's F.hswish)
 template <int Act>
 BN_HD float bn_act_apply(float v) {
@@ -208,7 +232,7 @@ BN_HD float bn_act_apply(float v) {
     if (Act == kBnActRelu6)
         return v > 0.f ? (v < 6.f ? v : 6.f) : 0.f;
     if (Act == kBnActSilu)
-        return v / (1.f + expf(-v));
+        return v / (1.f + bn_expf(-v));
     if (Act == kBnActHswish) {
         const float r = v + 3.f;
         return v * (r > 0.f ? (r < 6.f ? r : 6.f) : 0.f) / 6.f;
@@ -228,7 +252,7 @@ BN_HD float bn_act_grad(float dy, float v) {
     if (Act == kBnActRelu6)
         return (v > 0.f && v < 6.f) ? dy : 0.f;
     if (Act == kBnActSilu) {
-        const float s = 1.f / (1.f + expf(-v));
+        const float s = 1.f / (1.f + bn_expf(-v));
         return dy * (s * (1.f + v * (1.f - s)));
     }
     if (Act == kBnActHswish)
