@@ -31,6 +31,7 @@ using custom::Tensor;
 namespace {
 
 constexpr int64_t kChunk = 4096;                 // elements per float partial sum
+constexpr int kLanes = 8;                        // float lanes of a partial sum (masked_sums)
 constexpr int64_t kMinElemsPerThread = 1 << 15;  // below this a second thread costs more than it saves
 
 int thread_cap() {
@@ -155,6 +156,38 @@ inline float act_grad(const T* dy, const T* y, const T* x, int64_t i, float m, f
     return bn_act_grad<Act>(g, BnIO<T>::load(y[i]));
 }
 
+// (sum dz, sum dz * (x - m)) over the elements [o, o + len) (len <= kChunk) in float, dz = act_grad: element
+// o + j into lane j % kLanes, then the lanes in order. The order is the source's, not the vector width's or the
+// thread count's; one pass, the lanes held in vector registers (two 4-wide per sum), as the plain reduce.
+template <typename T, int Act>
+inline void masked_sums(const T* dy, const T* y, const T* x, int64_t o, int64_t len, float m, float s, float b,
+                        float& s1, float& s2) {
+    float l1[kLanes] = {}, l2[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= len; j += kLanes) {
+#pragma omp simd
+        for (int l = 0; l < kLanes; ++l) {
+            const int64_t i = o + j + l;
+            const float g = act_grad<T, Act>(dy, y, x, i, m, s, b);
+            l1[l] += g;
+            l2[l] += g * (BnIO<T>::load(x[i]) - m);
+        }
+    }
+    for (int l = 0; l < kLanes; ++l) {  // the tail (fewer than kLanes elements) into the first lanes
+        if (j + l < len) {
+            const float g = act_grad<T, Act>(dy, y, x, o + j + l, m, s, b);
+            l1[l] += g;
+            l2[l] += g * (BnIO<T>::load(x[o + j + l]) - m);
+        }
+    }
+    s1 = 0.f;
+    s2 = 0.f;
+    for (int l = 0; l < kLanes; ++l) {
+        s1 += l1[l];
+        s2 += l2[l];
+    }
+}
+
 template <typename T, int Act>
 void reduce_rows(const T* dy, const T* y, const T* x, const Dims& d, const float* mean, const float* scale,
                  const float* bias, double* sum_dz, double* sum_dz_xc) {
@@ -165,19 +198,10 @@ void reduce_rows(const T* dy, const T* y, const T* x, const Dims& d, const float
     for_rows(R, d.S, [=](int64_t r) {
         const int64_t c = r % d.C;
         const float m = mean[c], s = scale[c], b = bias[c];
-        float dz[kChunk];  // the chunk's masked gradient (L1-resident): a masked sum does not vectorise
         double a1 = 0.0, a2 = 0.0;
         for (int64_t off = r * d.S, end = (r + 1) * d.S; off < end; off += kChunk) {
-            const int64_t len = std::min(end - off, kChunk);
-#pragma omp simd
-            for (int64_t j = 0; j < len; ++j)
-                dz[j] = act_grad<T, Act>(dy, y, x, off + j, m, s, b);
-            float b1 = 0.f, b2 = 0.f;
-#pragma omp simd reduction(+ : b1, b2)
-            for (int64_t j = 0; j < len; ++j) {
-                b1 += dz[j];
-                b2 += dz[j] * (BnIO<T>::load(x[off + j]) - m);
-            }
+            float b1, b2;
+            masked_sums<T, Act>(dy, y, x, off, std::min(end - off, kChunk), m, s, b, b1, b2);
             a1 += b1;
             a2 += b2;
         }

@@ -213,3 +213,30 @@ def test_kernel_matches_fallback_bitwise_for_relu_forward():
             outs.append(bn_ops.bn_act_normalize(mge.tensor(x), mean, invstd, w, b, act="relu",
                                                 shortcut=mge.tensor(s)).numpy())
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("act", ["relu", "silu"])
+def test_backward_independent_of_thread_count(monkeypatch, act):
+    """The kernels' reduce sums each row in fixed lanes, then the rows of a channel in n order, and elemt is per
+    element: reduce and elemt are bitwise the same with 1, 2 or 3 threads (rows spanning several 4096-element
+    chunks and a tail)."""
+    if not kernel_library.kernel_available():
+        pytest.skip(f"BN kernels unavailable: {kernel_library.kernel_error()}")
+    rng = np.random.default_rng(8)
+    x, dy = (rng.standard_normal((4, 6, 71, 73)).astype(np.float32) for _ in range(2))
+    mean, invstd = np.full(6, 0.1, np.float32), np.full(6, 0.9, np.float32)
+    w, b = rng.uniform(0.5, 2, 6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    outs = []
+    with bn_ops.use_backend("kernel"):
+        y = bn_ops.bn_act_normalize(mge.tensor(x), mean, invstd, w, b, act=act)
+        yb = y if act in bn_ops.OUTPUT_GRAD_ACTIVATIONS else None
+        for threads in ("1", "2", "3"):
+            monkeypatch.setenv("BASEBN_NUM_THREADS", threads)
+            s1, s2 = bn_ops.bn_act_backward_reduce(mge.tensor(dy), yb, mge.tensor(x), mean, invstd, act=act,
+                                                   weight=w, bias=b)
+            dx = bn_ops.bn_act_backward_elemt(mge.tensor(dy), yb, mge.tensor(x), mean, invstd, w, s1, s2, 1000.0,
+                                              act=act, bias=b)
+            outs.append([t.numpy() for t in (s1, s2, dx)])
+    for other in outs[1:]:
+        for a, o in zip(outs[0], other):
+            np.testing.assert_array_equal(a, o)
