@@ -4,9 +4,10 @@
 // One decomposition for the three passes: the contiguous (N, C, S) view as N*C rows of S elements,
 // rows split statically over OpenMP threads (the pool stays up between calls, so a short pass costs
 // microseconds, not a thread start), each row vectorised (`omp simd`) with its channel's coefficients.
-// The backward reduce sums each row in float chunks of kChunk elements into double, then the rows of a
-// channel in n order: the result does not depend on the thread count. Without OpenMP (-fopenmp absent)
-// the kernels run on one thread. Non-contiguous inputs (or force_strided) are gathered first.
+// The backward reduce sums each row in float chunks of kChunk elements (each over kLanes fixed float lanes)
+// into double, then the rows of a channel in n order: the result does not depend on the thread count. Without
+// OpenMP (-fopenmp absent) the kernels run on one thread. Non-contiguous inputs (or force_strided) are gathered
+// first.
 // Threads: $BASEBN_NUM_THREADS, else OpenMP's default (OMP_NUM_THREADS, else the cores).
 #include <algorithm>
 #include <cstdlib>

@@ -4,9 +4,9 @@ The copy of basebn/kernels multiplies every normalised value by 1.01 (bn_math.h,
 is built BN-only (no oneDNN: seconds) with $BASEBN_KERNEL_DIR and a fresh $BASEBN_KERNEL_CACHE, in
 subprocesses (MegEngine loads one custom-op library per process). The self-check must fail naming
 bn_normalize, the fused BN-activation forwards built on the same per-element function, and the fused backwards
-whose SiLU / HSwish cases recompute the pre-activation with it (NORMALIZE_OPS), and nothing else; training must warn once and then train exactly as the pure-MegEngine BN
-ops do (CPU training is deterministic), and, with BASEBN_SELFCHECK=0, differently (the planted error reaches
-training, so the check is what protects it).
+whose SiLU / HSwish cases recompute the pre-activation with it (NORMALIZE_OPS), and nothing else; training
+must warn once and then train exactly as the pure-MegEngine BN ops do (CPU training is deterministic), and, with
+BASEBN_SELFCHECK=0, differently (the planted error reaches training, so the check is what protects it).
 """
 import json
 import os
