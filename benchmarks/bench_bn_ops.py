@@ -4,13 +4,20 @@
   basebn-fallback  the same four ops through the pure-MegEngine fallback
   mge-BatchNorm2d  megengine.module.BatchNorm2d forward + backward through GradManager
 
-Then the fused BN-activation layers against the same work unfused, forward + backward through GradManager:
-  bn-relu          basebn BatchNorm2d then F.relu            vs  BatchNormAct2d (one fused kernel each way)
-  bn-add-relu      basebn BatchNorm2d, + shortcut, F.relu    vs  BatchNormAct2d(x, shortcut)
+Then the fused BN-activation layers against the same work unfused, forward + backward through GradManager,
+for each activation of --acts (default relu):
+  bn-ACT           basebn BatchNorm2d then F.ACT             vs  BatchNormAct2d(act=ACT) (one fused kernel each way)
+  bn-add-relu      basebn BatchNorm2d, + shortcut, F.relu    vs  BatchNormAct2d(x, shortcut) (ReLU / ReLU6 only:
+                   SiLU / HSwish have no fused residual form)
 
-Printed: median ms and speed-up over BatchNorm2d (over the unfused layers for the fused ones).
+and, per shape, the fused ops alone (interleaved medians): act_normalize, act_bwd_reduce, act_bwd_elemt per
+activation beside the plain normalize / bwd_reduce / bwd_elemt.
+
+Printed: median ms and speed-up over BatchNorm2d (over the unfused layers for the fused ones). The methods take
+turns in every round (interleaved), so a loaded machine slows them alike.
 
     .venv/bin/python benchmarks/bench_bn_ops.py [--reps 7] [--shapes 128,32,28,28 32,256,14,14]
+    .venv/bin/python benchmarks/bench_bn_ops.py --fused-only --acts silu hswish --shapes 32,64,56,56 128,32,28,28
 """
 import argparse
 import os
@@ -82,10 +89,11 @@ def make_mge_bn(c, x, dy):
     return run
 
 
-def make_layer_run(fused, residual, x, s, dy):
-    """Forward + backward of BN -> [add s] -> ReLU: one BatchNormAct2d (``fused``) or BatchNorm2d, add, F.relu."""
+def make_layer_run(fused, residual, x, s, dy, act="relu"):
+    """Forward + backward of BN -> [add s] -> act: one BatchNormAct2d (``fused``) or BatchNorm2d, add, F.<act>."""
     c = x.shape[1]
-    bn = BatchNormAct2d(c, act="relu") if fused else BatchNorm2d(c)
+    bn = BatchNormAct2d(c, act=act) if fused else BatchNorm2d(c)
+    fn = getattr(F, act)
     inputs = [x, s] if residual else [x]
     gm = GradManager().attach(list(bn.parameters()) + inputs)
 
@@ -94,23 +102,52 @@ def make_layer_run(fused, residual, x, s, dy):
             if fused:
                 y = bn(*inputs)
             else:
-                y = F.relu(bn(x) + s) if residual else F.relu(bn(x))
+                y = fn(bn(x) + s) if residual else fn(bn(x))
             gm.backward(y, dy)
         return y, x.grad
 
     return run
 
 
-def fused_rows(shape, rng, reps, warmup):
-    """{name: (median ms, min ms)} of the unfused and fused BN-ReLU and BN-add-ReLU layers (kernel backend)."""
+def fused_rows(shape, rng, reps, warmup, acts=("relu",)):
+    """{name: (median ms, min ms)} of the unfused and fused BN-act layers per activation of ``acts``, and BN-add-act
+    for those with a residual form (kernel backend)."""
     x = mge.tensor(rng.standard_normal(shape).astype(np.float32))
     s = mge.tensor(rng.standard_normal(shape).astype(np.float32))
     dy = mge.tensor(rng.standard_normal(shape).astype(np.float32))
-    fns = {f"{kind}-{'fused' if fused else 'unfused'}": make_layer_run(fused, kind == "bn-add-relu", x, s, dy)
-           for kind in ("bn-relu", "bn-add-relu") for fused in (False, True)}
+    kinds = [(f"bn-{act}", act, False) for act in acts]
+    kinds += [(f"bn-add-{act}", act, True) for act in acts if act not in bn_ops.PRE_GRAD_ACTIVATIONS]
+    fns = {f"{kind}-{'fused' if fused else 'unfused'}": make_layer_run(fused, residual, x, s, dy, act)
+           for kind, act, residual in kinds for fused in (False, True)}
     with bn_ops.use_backend("kernel"):
         med, best = _interleaved_medians(fns, reps, warmup)
     return {k: (med[k], best[k]) for k in fns}
+
+
+def fused_op_split(shape, rng, reps, warmup, acts=("relu",)):
+    """{op: median ms} of the plain BN element-wise ops and the fused ones per activation (kernel backend)."""
+    c, cnt = shape[1], int(np.prod(shape)) // shape[1]
+    x = mge.tensor(rng.standard_normal(shape).astype(np.float32))
+    dy = mge.tensor(rng.standard_normal(shape).astype(np.float32))
+    w = mge.tensor(rng.uniform(0.5, 1.5, c).astype(np.float32))
+    b = mge.tensor(rng.standard_normal(c).astype(np.float32))
+    with bn_ops.use_backend("kernel"):
+        mean, m2 = bn_ops.bn_stats(x)
+        invstd = 1.0 / F.sqrt(m2 / cnt + EPS)
+        s1, s2 = bn_ops.bn_backward_reduce(dy, x, mean, invstd)
+        fns = {"normalize": lambda: bn_ops.bn_normalize(x, mean, invstd, w, b),
+               "bwd_reduce": lambda: bn_ops.bn_backward_reduce(dy, x, mean, invstd),
+               "bwd_elemt": lambda: bn_ops.bn_backward_elemt(dy, x, mean, invstd, w, s1, s2, cnt)}
+        for act in acts:
+            y = bn_ops.bn_act_normalize(x, mean, invstd, w, b, act=act)
+            yb = y if act in bn_ops.OUTPUT_GRAD_ACTIVATIONS else None
+            fns[f"{act}:act_normalize"] = lambda act=act: bn_ops.bn_act_normalize(x, mean, invstd, w, b, act=act)
+            fns[f"{act}:act_bwd_reduce"] = lambda act=act, yb=yb: bn_ops.bn_act_backward_reduce(
+                dy, yb, x, mean, invstd, act=act, weight=w, bias=b)
+            fns[f"{act}:act_bwd_elemt"] = lambda act=act, yb=yb: bn_ops.bn_act_backward_elemt(
+                dy, yb, x, mean, invstd, w, s1, s2, cnt, act=act, bias=b)
+        med, _ = _interleaved_medians(fns, reps, warmup)
+    return med
 
 
 def main():
@@ -118,6 +155,9 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--shapes", nargs="*", default=["128,32,28,28", "32,256,14,14"])
+    ap.add_argument("--acts", nargs="*", default=["relu"], choices=[a for a in bn_ops.ACTIVATIONS if a != "identity"],
+                    help="activations of the fused-vs-unfused rows")
+    ap.add_argument("--fused-only", action="store_true", help="only the fused-vs-unfused rows")
     args = ap.parse_args()
 
     have_kernel = kernel_library.kernel_available()
@@ -127,7 +167,7 @@ def main():
 
     rows = []
     rng = np.random.default_rng(0)
-    for spec in args.shapes:
+    for spec in [] if args.fused_only else args.shapes:
         shape = tuple(int(v) for v in spec.split(","))
         c = shape[1]
         x = mge.tensor(rng.standard_normal(shape).astype(np.float32))
@@ -167,8 +207,9 @@ def main():
                 }
         rows.append((shape, res, best, split))
 
-    print()
-    print(f"{'shape':>16} {'method':>16} {'median ms':>10} {'min ms':>8} {'vs BN2d':>8}")
+    if rows:
+        print()
+        print(f"{'shape':>16} {'method':>16} {'median ms':>10} {'min ms':>8} {'vs BN2d':>8}")
     for shape, res, best, split in rows:
         ref = res["mge-BatchNorm2d"]
         for name in ("basebn-kernel", "mge-BatchNorm2d", "basebn-fallback"):
@@ -182,10 +223,12 @@ def main():
         print(f"\n{'shape':>16} {'layers':>20} {'median ms':>10} {'min ms':>8} {'vs unfused':>10}")
         for spec in args.shapes:
             shape = tuple(int(v) for v in spec.split(","))
-            res = fused_rows(shape, rng, args.reps, args.warmup)
+            res = fused_rows(shape, rng, args.reps, args.warmup, args.acts)
             for name, (ms, low) in res.items():
                 ref = res[name.replace("-fused", "-unfused")][0]
                 print(f"{'x'.join(map(str, shape)):>16} {name:>20} {ms:10.2f} {low:8.2f} {ref / ms:9.2f}x")
+            split = fused_op_split(shape, rng, args.reps, args.warmup, args.acts)
+            print(f"{'':>16} per-op median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
 
 
 if __name__ == "__main__":

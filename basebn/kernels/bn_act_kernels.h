@@ -2,11 +2,13 @@
 // Registration lives in bn_ops.cpp; the per-element math (bn_act_apply, bn_act_grad) in bn_math.h.
 // x / dy / y / shortcut: (N, C, *) of one dtype, float32 or float16; per-channel tensors: float32 (C,).
 // act is a BnAct code. The statistics come from the unfused ops (stats, or SyncBN's collective).
-//   act_normalize:        y = act((x - mean) * invstd * w + b [+ shortcut])
-//   act_backward_reduce:  dz = act'(y) * dy;  sum_dz = sum(dz),  sum_dz_xhat = invstd * sum(dz * (x - mean))
+//   act_normalize:        y = act(pre),  pre = (x - mean) * invstd * w + b [+ shortcut]
+//   act_backward_reduce:  dz = act'(pre) * dy;  sum_dz = sum(dz),  sum_dz_xhat = invstd * sum(dz * (x - mean))
 //   act_backward_elemt:   dx = w * invstd * (dz - sum_dz / count - (x - mean) * invstd * sum_dz_xhat / count),
 //                         and dshortcut = dz when dshortcut is given
-// y is only read for the derivative (identity never reads it); weight / bias / shortcut may be nullptr.
+// What the backward reads for act' (bn_math.h): ReLU / ReLU6 the forward's output y; SiLU / HSwish not y
+// but pre, recomputed from x, mean, invstd, w and b (no residual form: the shortcut is not an input);
+// the identity neither. weight / bias / shortcut may be nullptr (w = 1, b = 0).
 #pragma once
 
 #include "bn_kernels.h"
@@ -20,14 +22,15 @@ namespace basebn {
             const custom::Tensor* bias, int act, custom::Tensor& y, bool force_strided);       \
     void act_backward_reduce(                                                                  \
             const custom::Tensor& dy, const custom::Tensor& y, const custom::Tensor& x,        \
-            const custom::Tensor& mean, const custom::Tensor& invstd, int act,                 \
+            const custom::Tensor& mean, const custom::Tensor& invstd,                          \
+            const custom::Tensor* weight, const custom::Tensor* bias, int act,                 \
             custom::Tensor& sum_dz, custom::Tensor& sum_dz_xhat, bool force_strided);          \
     void act_backward_elemt(                                                                   \
             const custom::Tensor& dy, const custom::Tensor& y, const custom::Tensor& x,        \
             const custom::Tensor& mean, const custom::Tensor& invstd,                          \
-            const custom::Tensor* weight, const custom::Tensor& sum_dz,                        \
-            const custom::Tensor& sum_dz_xhat, double count, int act, custom::Tensor& dx,      \
-            custom::Tensor* dshortcut, bool force_strided);
+            const custom::Tensor* weight, const custom::Tensor* bias,                          \
+            const custom::Tensor& sum_dz, const custom::Tensor& sum_dz_xhat, double count,     \
+            int act, custom::Tensor& dx, custom::Tensor* dshortcut, bool force_strided);
 
 namespace cpu {
 BASEBN_DECLARE_BN_ACT_KERNELS

@@ -117,12 +117,14 @@ void act_normalize(
 }
 
 void act_backward_reduce(
-        const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& mean, const Tensor& invstd, int act,
-        Tensor& sum_dz, Tensor& sum_dz_xhat, bool force_strided) {
+        const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+        const Tensor* weight, const Tensor* bias, int act, Tensor& sum_dz, Tensor& sum_dz_xhat, bool force_strided) {
     const BasebnBnTensor vg = view_of(dy), vy = view_of(y), vx = view_of(x);
-    const bool empty = x.size() == 0;  // (mean / invstd are not read then)
+    const bool empty = x.size() == 0;  // (the per-channel tensors are not read then)
     check(basebn_bn_cuda_act_backward_reduce(&vg, &vy, &vx, empty ? nullptr : channel_ptr(&mean),
-                                             empty ? nullptr : channel_ptr(&invstd), act, sum_dz.data<float>(),
+                                             empty ? nullptr : channel_ptr(&invstd),
+                                             empty ? nullptr : channel_ptr(weight),
+                                             empty ? nullptr : channel_ptr(bias), act, sum_dz.data<float>(),
                                              sum_dz_xhat.data<float>(), force_strided,
                                              custom::get_cuda_stream(x.device())),
           "basebn act_backward_reduce_kernel");
@@ -130,13 +132,14 @@ void act_backward_reduce(
 
 void act_backward_elemt(
         const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
-        const Tensor* weight, const Tensor& sum_dz, const Tensor& sum_dz_xhat, double count, int act, Tensor& dx,
-        Tensor* dshortcut, bool force_strided) {
+        const Tensor* weight, const Tensor* bias, const Tensor& sum_dz, const Tensor& sum_dz_xhat, double count,
+        int act, Tensor& dx, Tensor* dshortcut, bool force_strided) {
     if (x.size() == 0)
         return;
     const BasebnBnTensor vg = view_of(dy), vy = view_of(y), vx = view_of(x);
     check(basebn_bn_cuda_act_backward_elemt(&vg, &vy, &vx, channel_ptr(&mean), channel_ptr(&invstd),
-                                            channel_ptr(weight), channel_ptr(&sum_dz), channel_ptr(&sum_dz_xhat),
+                                            channel_ptr(weight), channel_ptr(bias), channel_ptr(&sum_dz),
+                                            channel_ptr(&sum_dz_xhat),
                                             count, act, dx.data(), dshortcut != nullptr ? dshortcut->data() : nullptr,
                                             force_strided, custom::get_cuda_stream(x.device())),
           "basebn act_backward_elemt_kernel");

@@ -173,15 +173,19 @@ __global__ void backward_elemt_kernel(
 }
 
 // ------------------------------------------------------------------ fused BN -> activation (bn_math.h)
-// As normalize / backward_reduce / backward_elemt, with y = act(bn(x) [+ shortcut]) and dz = act'(y) * dy;
-// y is not read for the identity (it may be NULL then), shortcut only when Add, dshortcut only when Short.
+// As normalize / backward_reduce / backward_elemt, with y = act(pre), pre = bn(x) [+ shortcut], and
+// dz = act'(pre) * dy. act' is read from y for ReLU / ReLU6; for SiLU / HSwish it is taken at pre recomputed
+// from x (value xv) and the channel's mean m, scale sc = invstd * weight and bias b (bn_act_from_pre), and y
+// is not read (nor for the identity: it may be NULL then). shortcut only when Add, dshortcut only when Short.
 template <typename T, bool Contig, int Act>
 __device__ __forceinline__ float act_grad_at(
-        const T* __restrict__ dy, const BnLayout& Ldy, const T* __restrict__ y, const BnLayout& Ly,
-        int64_t n, int64_t c, int64_t s, int64_t C, int64_t S) {
+        const T* __restrict__ dy, const BnLayout& Ldy, const T* __restrict__ y, const BnLayout& Ly, float xv,
+        float m, float sc, float b, int64_t n, int64_t c, int64_t s, int64_t C, int64_t S) {
     const float g = BnIO<T>::load(dy[elem_offset<Contig>(Ldy, n, c, s, C, S)]);
     if (Act == kBnActIdentity)
         return g;
+    if (bn_act_from_pre(Act))
+        return bn_act_grad<Act>(g, bn_normalize_elem(xv, m, sc, b));
     return bn_act_grad<Act>(g, BnIO<T>::load(y[elem_offset<Contig>(Ly, n, c, s, C, S)]));
 }
 
@@ -210,15 +214,19 @@ template <typename T, bool Contig, int Act>
 __global__ void act_backward_reduce_kernel(
         const T* __restrict__ dy, BnLayout Ldy, const T* __restrict__ y, BnLayout Ly, const T* __restrict__ x,
         BnLayout Lx, int64_t N, int64_t C, int64_t S, const float* __restrict__ mean,
-        const float* __restrict__ invstd, float* __restrict__ sum_dz, float* __restrict__ sum_dz_xhat) {
+        const float* __restrict__ invstd, const float* __restrict__ weight, const float* __restrict__ bias,
+        float* __restrict__ sum_dz, float* __restrict__ sum_dz_xhat) {
     for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
         const float m = mean[c];
+        const float sc = bn_norm_scale(invstd[c], weight ? weight[c] : 1.f);
+        const float bc = bias ? bias[c] : 0.f;
         float a = 0.f, b = 0.f;
         for (int64_t i = threadIdx.y; i < N; i += blockDim.y)
             for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
-                const float g = act_grad_at<T, Contig, Act>(dy, Ldy, y, Ly, i, c, s, C, S);
+                const float xv = BnIO<T>::load(x[elem_offset<Contig>(Lx, i, c, s, C, S)]);
+                const float g = act_grad_at<T, Contig, Act>(dy, Ldy, y, Ly, xv, m, sc, bc, i, c, s, C, S);
                 a += g;
-                b += g * (BnIO<T>::load(x[elem_offset<Contig>(Lx, i, c, s, C, S)]) - m);
+                b += g * (xv - m);
             }
         block_sum2(a, b);
         if (threadIdx.x == 0 && threadIdx.y == 0) {
@@ -233,18 +241,21 @@ template <typename T, bool Contig, int Act, bool Short>
 __global__ void act_backward_elemt_kernel(
         const T* __restrict__ dy, BnLayout Ldy, const T* __restrict__ y, BnLayout Ly, const T* __restrict__ x,
         BnLayout Lx, int64_t N, int64_t C, int64_t S, const float* __restrict__ mean,
-        const float* __restrict__ invstd, const float* __restrict__ weight, const float* __restrict__ sum_dz,
-        const float* __restrict__ sum_dz_xhat, double inv_count, T* __restrict__ dx, T* __restrict__ ds) {
+        const float* __restrict__ invstd, const float* __restrict__ weight, const float* __restrict__ bias,
+        const float* __restrict__ sum_dz, const float* __restrict__ sum_dz_xhat, double inv_count,
+        T* __restrict__ dx, T* __restrict__ ds) {
     const int64_t per_c = N * S;
     for (int64_t c = blockIdx.y; c < C; c += gridDim.y) {
         const float m = mean[c];
-        const BnElemtCoef k = bn_elemt_coef(
-                invstd[c], weight ? weight[c] : 1.f, sum_dz[c], sum_dz_xhat[c], inv_count);
+        const float w = weight ? weight[c] : 1.f;
+        const float sc = bn_norm_scale(invstd[c], w);
+        const float bc = bias ? bias[c] : 0.f;
+        const BnElemtCoef k = bn_elemt_coef(invstd[c], w, sum_dz[c], sum_dz_xhat[c], inv_count);
         for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < per_c;
              e += (int64_t)gridDim.x * blockDim.x) {
             const int64_t n = e / S, s = e - n * S, o = (n * C + c) * S + s;
-            const float g = act_grad_at<T, Contig, Act>(dy, Ldy, y, Ly, n, c, s, C, S);
             const float xv = BnIO<T>::load(x[elem_offset<Contig>(Lx, n, c, s, C, S)]);
+            const float g = act_grad_at<T, Contig, Act>(dy, Ldy, y, Ly, xv, m, sc, bc, n, c, s, C, S);
             dx[o] = BnIO<T>::store(bn_elemt_elem(g, xv, m, k));
             if (Short)
                 ds[o] = BnIO<T>::store(g);

@@ -222,7 +222,8 @@ namespace cuda {
 namespace {
 
 bool valid_act(int act) {
-    return act == kBnActIdentity || act == kBnActRelu || act == kBnActRelu6;
+    return act == kBnActIdentity || act == kBnActRelu || act == kBnActRelu6 || act == kBnActSilu ||
+           act == kBnActHswish;
 }
 
 // f(T(), Contig(), Act()) for the run-time dtype, layout and activation code (valid_act checked)
@@ -233,14 +234,19 @@ void dispatch_act(int dtype, bool contig, int act, F&& f) {
             f(tag, contiguous, std::integral_constant<int, kBnActRelu>());
         else if (act == kBnActRelu6)
             f(tag, contiguous, std::integral_constant<int, kBnActRelu6>());
+        else if (act == kBnActSilu)
+            f(tag, contiguous, std::integral_constant<int, kBnActSilu>());
+        else if (act == kBnActHswish)
+            f(tag, contiguous, std::integral_constant<int, kBnActHswish>());
         else
             f(tag, contiguous, std::integral_constant<int, kBnActIdentity>());
     });
 }
 
-// y of an act backward: x's shape and dtype, or NULL for the identity (then x's layout stands in)
+// y of an act backward: x's shape and dtype, or NULL where it is not read (identity, SiLU, HSwish: then x's
+// layout stands in)
 bool valid_output_like(const BasebnBnTensor* y, const BasebnBnTensor* x, int act) {
-    if (act == kBnActIdentity && y == nullptr)
+    if ((act == kBnActIdentity || bn_act_from_pre(act)) && y == nullptr)
         return true;
     return valid(y) && same_shape(y, x) && (y->data != nullptr || numel(dims_of(x)) == 0);
 }
@@ -280,7 +286,8 @@ extern "C" cudaError_t basebn_bn_cuda_act_normalize(
 
 extern "C" cudaError_t basebn_bn_cuda_act_backward_reduce(
         const BasebnBnTensor* dy, const BasebnBnTensor* y, const BasebnBnTensor* x, const float* mean,
-        const float* invstd, int act, float* sum_dz, float* sum_dz_xhat, int force_strided, cudaStream_t stream) {
+        const float* invstd, const float* weight, const float* bias, int act, float* sum_dz, float* sum_dz_xhat,
+        int force_strided, cudaStream_t stream) {
     if (!valid(x) || !valid(dy) || !same_shape(dy, x) || !valid_act(act) || !valid_output_like(y, x, act) ||
         sum_dz == nullptr || sum_dz_xhat == nullptr)
         return cudaErrorInvalidValue;
@@ -297,15 +304,16 @@ extern "C" cudaError_t basebn_bn_cuda_act_backward_reduce(
         kern::act_backward_reduce_kernel<T, decltype(contiguous)::value, decltype(act_c)::value>
                 <<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
                         static_cast<const T*>(dy->data), Lg, static_cast<const T*>(yv->data), Ly,
-                        static_cast<const T*>(x->data), Lx, d.N, d.C, d.S, mean, invstd, sum_dz, sum_dz_xhat);
+                        static_cast<const T*>(x->data), Lx, d.N, d.C, d.S, mean, invstd, weight, bias, sum_dz,
+                        sum_dz_xhat);
     });
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t basebn_bn_cuda_act_backward_elemt(
         const BasebnBnTensor* dy, const BasebnBnTensor* y, const BasebnBnTensor* x, const float* mean,
-        const float* invstd, const float* weight, const float* sum_dz, const float* sum_dz_xhat, double count,
-        int act, void* dx, void* dshortcut, int force_strided, cudaStream_t stream) {
+        const float* invstd, const float* weight, const float* bias, const float* sum_dz, const float* sum_dz_xhat,
+        double count, int act, void* dx, void* dshortcut, int force_strided, cudaStream_t stream) {
     if (!valid(x) || !valid(dy) || !same_shape(dy, x) || !valid_act(act) || !valid_output_like(y, x, act))
         return cudaErrorInvalidValue;
     const Dims3 d = dims_of(x);
@@ -327,11 +335,11 @@ extern "C" cudaError_t basebn_bn_cuda_act_backward_elemt(
         const T* px = static_cast<const T*>(x->data);
         if (dshortcut != nullptr)
             kern::act_backward_elemt_kernel<T, C, A, true><<<elem_grid(d), kElemThreads, 0, stream>>>(
-                    pg, Lg, py, Ly, px, Lx, d.N, d.C, d.S, mean, invstd, weight, sum_dz, sum_dz_xhat, inv_count,
+                    pg, Lg, py, Ly, px, Lx, d.N, d.C, d.S, mean, invstd, weight, bias, sum_dz, sum_dz_xhat, inv_count,
                     static_cast<T*>(dx), static_cast<T*>(dshortcut));
         else
             kern::act_backward_elemt_kernel<T, C, A, false><<<elem_grid(d), kElemThreads, 0, stream>>>(
-                    pg, Lg, py, Ly, px, Lx, d.N, d.C, d.S, mean, invstd, weight, sum_dz, sum_dz_xhat, inv_count,
+                    pg, Lg, py, Ly, px, Lx, d.N, d.C, d.S, mean, invstd, weight, bias, sum_dz, sum_dz_xhat, inv_count,
                     static_cast<T*>(dx), nullptr);
     });
     return cudaGetLastError();

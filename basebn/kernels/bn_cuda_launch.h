@@ -53,8 +53,10 @@ cudaError_t basebn_bn_cuda_backward_elemt(
         int force_strided, cudaStream_t stream);
 
 /* Fused BN -> activation (the element-wise passes; statistics from the calls above). act: a BnAct code of
- * bn_math.h (0 identity, 1 ReLU, 2 ReLU6). y = act(normalize(x) [+ shortcut]); dz = act'(y) * dy with the
- * derivative read from the forward's output y (not read for the identity: y may be NULL then);
+ * bn_math.h (0 identity, 1 ReLU, 2 ReLU6, 3 SiLU, 4 HSwish). y = act(pre), pre = normalize(x) [+ shortcut];
+ * dz = act'(pre) * dy with the derivative read from the forward's output y for ReLU / ReLU6, and for SiLU /
+ * HSwish taken at pre recomputed from x, mean, invstd, weight and bias (no residual form there: the backward
+ * has no shortcut input). y is not read for the identity, SiLU and HSwish (it may be NULL then).
  * act_backward_reduce: sum_dz, sum_dz_xhat as backward_reduce of dz; act_backward_elemt: dx as backward_elemt
  * of dz, and dshortcut = dz when dshortcut is not NULL. shortcut / y / dy have x's shape and dtype. */
 cudaError_t basebn_bn_cuda_act_normalize(
@@ -63,12 +65,13 @@ cudaError_t basebn_bn_cuda_act_normalize(
 
 cudaError_t basebn_bn_cuda_act_backward_reduce(
         const BasebnBnTensor* dy, const BasebnBnTensor* y, const BasebnBnTensor* x, const float* mean,
-        const float* invstd, int act, float* sum_dz, float* sum_dz_xhat, int force_strided, cudaStream_t stream);
+        const float* invstd, const float* weight, const float* bias, int act, float* sum_dz, float* sum_dz_xhat,
+        int force_strided, cudaStream_t stream);
 
 cudaError_t basebn_bn_cuda_act_backward_elemt(
         const BasebnBnTensor* dy, const BasebnBnTensor* y, const BasebnBnTensor* x, const float* mean,
-        const float* invstd, const float* weight, const float* sum_dz, const float* sum_dz_xhat, double count,
-        int act, void* dx, void* dshortcut, int force_strided, cudaStream_t stream);
+        const float* invstd, const float* weight, const float* bias, const float* sum_dz, const float* sum_dz_xhat,
+        double count, int act, void* dx, void* dshortcut, int force_strided, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

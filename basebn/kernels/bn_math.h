@@ -9,6 +9,7 @@
 // when |mean| >> std.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -184,27 +185,78 @@ BN_HD int64_t bn_offset(const BnLayout& L, int64_t n, int64_t c, int64_t s) {
 }
 
 // ------------------------------------------------------------------ fused activations
-// BN -> activation (bn_act_cpu.cpp, the CUDA act kernels): y = act(bn(x) [+ shortcut]). The backward
-// takes the activation's derivative from the OUTPUT y alone (ReLU: y > 0; ReLU6: 0 < y < 6), so the
-// pre-activation tensor is never kept. Codes: ACT_CODES in basebn/layers/bn_ops/kernel.py.
-enum BnAct { kBnActIdentity = 0, kBnActRelu = 1, kBnActRelu6 = 2 };
+// BN -> activation (bn_act_cpu.cpp, the CUDA act kernels): y = act(pre), pre = bn(x) [+ shortcut].
+// The backward's act' comes from one element-wise value v (bn_act_from_pre):
+//   ReLU, ReLU6: v = the forward's OUTPUT y (ReLU: y > 0; ReLU6: 0 < y < 6): the pre-activation is never kept;
+//   SiLU, HSwish: v = pre itself, which y does not determine; the backward recomputes it from x, the saved
+//     per-channel mean / invstd and the affine (bn_normalize_elem, as the forward). No residual form for these.
+//   identity: reads nothing.
+// Codes: ACT_CODES in basebn/layers/bn_ops/kernel.py.
+enum BnAct { kBnActIdentity = 0, kBnActRelu = 1, kBnActRelu6 = 2, kBnActSilu = 3, kBnActHswish = 4 };
 
+// act' needs the pre-activation (recomputed from x) rather than the output y
+BN_HD constexpr bool bn_act_from_pre(int act) {
+    return act == kBnActSilu || act == kBnActHswish;
+}
+
+// exp(v): expf on the device. On the host a branch-free expf that `omp simd` loops vectorise (glibc's vector
+// expf needs -ffast-math, which the build does not use): v = n ln2 + r, |r| <= ln2 / 2, e^r by Cephes' expf
+// polynomial, 2^n through the exponent bits; within 1 ulp of e^v for v in [-87.33, 88.37]. Outside, v is clamped
+// to that range (e^v saturates at FLT_MIN and 2.4e38; SiLU only adds it to 1); NaN gives NaN.
+BN_HD float bn_expf(float v) {
+#if defined(__CUDA_ARCH__)
+    return expf(v);
+#else
+    float c = v < 88.3762626647949f ? v : 88.3762626647949f;
+    c = c > -87.3365447505531f ? c : -87.3365447505531f;
+    const float fn = (c * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round to nearest (1.5 * 2^23)
+    const float r = (c - fn * 0.693359375f) - fn * -2.12194440e-4f;       // ln2 in two parts
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    const float e = p * bn_u2f((uint32_t)((int32_t)fn + 127) << 23);
+    return v == v ? e : v;
+#endif
+}
+
+// SiLU: pre * sigmoid(pre) = pre / (1 + exp(-pre))
+// HSwish: pre * relu6(pre + 3) / 6 (MegEngine's F.hswish)
 template <int Act>
 BN_HD float bn_act_apply(float v) {
     if (Act == kBnActRelu)
         return v > 0.f ? v : 0.f;
     if (Act == kBnActRelu6)
         return v > 0.f ? (v < 6.f ? v : 6.f) : 0.f;
+    if (Act == kBnActSilu)
+        return v / (1.f + bn_expf(-v));
+    if (Act == kBnActHswish) {
+        const float r = v + 3.f;
+        return v * (r > 0.f ? (r < 6.f ? r : 6.f) : 0.f) / 6.f;
+    }
     return v;
 }
 
-// dy * act'(pre), with act' read from y = act(pre)
+// dy * act'(pre), with v = y = act(pre) or v = pre (bn_act_from_pre). Where act' = 0 on a whole interval
+// (ReLU, ReLU6, HSwish below -3) the result is exactly 0, even for a non-finite dy.
+// SiLU': s * (1 + pre * (1 - s)), s = sigmoid(pre).
+// HSwish': 0 below -3, 1 above 3, (2 pre + 3) / 6 on [-3, 3] -- at the kinks themselves the inner formula
+// (-0.5 at -3, 1.5 at 3), as MegEngine's F.hswish gradient.
 template <int Act>
-BN_HD float bn_act_grad(float dy, float y) {
+BN_HD float bn_act_grad(float dy, float v) {
     if (Act == kBnActRelu)
-        return y > 0.f ? dy : 0.f;
+        return v > 0.f ? dy : 0.f;
     if (Act == kBnActRelu6)
-        return (y > 0.f && y < 6.f) ? dy : 0.f;
+        return (v > 0.f && v < 6.f) ? dy : 0.f;
+    if (Act == kBnActSilu) {
+        const float s = 1.f / (1.f + bn_expf(-v));
+        return dy * (s * (1.f + v * (1.f - s)));
+    }
+    if (Act == kBnActHswish)
+        return v < -3.f ? 0.f : (v > 3.f ? dy : dy * (2.f * v + 3.f) / 6.f);
     return dy;
 }
 

@@ -157,10 +157,12 @@ CUSTOM_OP_REG_END(BasebnBN)
 // Statistics come from BasebnBnStats (or SyncBN's collective); these replace the element-wise passes.
 //   BasebnBnActNormalize        (x, mean, invstd, weight, bias)                       -> (y)
 //   BasebnBnAddActNormalize     (x, shortcut, mean, invstd, weight, bias)             -> (y)
-//   BasebnBnActBackwardReduce   (dy, y, x, mean, invstd)                              -> (sum_dz, sum_dz_xhat)
-//   BasebnBnActBackwardElemt    (dy, y, x, mean, invstd, weight, sum_dz, sum_dz_xhat) -> (dx)
-//   BasebnBnAddActBackwardElemt (dy, y, x, mean, invstd, weight, sum_dz, sum_dz_xhat) -> (dx, dshortcut)
-// Param act: a BnAct code (bn_math.h); y = act(bn(x) [+ shortcut]) is read for the derivative only.
+//   BasebnBnActBackwardReduce   (dy, y, x, mean, invstd, weight, bias)                      -> (sum_dz, sum_dz_xhat)
+//   BasebnBnActBackwardElemt    (dy, y, x, mean, invstd, weight, bias, sum_dz, sum_dz_xhat) -> (dx)
+//   BasebnBnAddActBackwardElemt (dy, y, x, mean, invstd, weight, bias, sum_dz, sum_dz_xhat) -> (dx, dshortcut)
+// Param act: a BnAct code (bn_math.h). The backward reads y = act(bn(x) [+ shortcut]) for ReLU / ReLU6's
+// derivative; for SiLU / HSwish it recomputes the pre-activation from x, mean, invstd, weight and bias instead
+// (y's slot then holds a placeholder, as do weight / bias when has_weight / has_bias are false).
 #include "bn_act_kernels.h"
 
 CUSTOM_OP_REG_BEGIN(BasebnBN)
@@ -191,15 +193,17 @@ void all_like_input0(const std::vector<Info>& inputs, const Param&, std::vector<
     void NS##_act_backward_reduce(                                                              \
             const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {          \
         basebn::NS::act_backward_reduce(                                                        \
-                in[0], in[1], in[2], in[3], in[4], p["act"].as<int32_t>(), out[0], out[1],      \
-                p["force_strided"].as<bool>());                                                 \
+                in[0], in[1], in[2], in[3], in[4], p["has_weight"].as<bool>() ? &in[5] : nullptr, \
+                p["has_bias"].as<bool>() ? &in[6] : nullptr, p["act"].as<int32_t>(), out[0],    \
+                out[1], p["force_strided"].as<bool>());                                         \
     }                                                                                           \
     void NS##_act_backward_elemt(                                                               \
             const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {          \
         basebn::NS::act_backward_elemt(                                                         \
                 in[0], in[1], in[2], in[3], in[4], p["has_weight"].as<bool>() ? &in[5] : nullptr, \
-                in[6], in[7], p["count"].as<double>(), p["act"].as<int32_t>(), out[0],          \
-                out.size() > 1 ? &out[1] : nullptr, p["force_strided"].as<bool>());             \
+                p["has_bias"].as<bool>() ? &in[6] : nullptr, in[7], in[8], p["count"].as<double>(), \
+                p["act"].as<int32_t>(), out[0], out.size() > 1 ? &out[1] : nullptr,             \
+                p["force_strided"].as<bool>());                                                 \
     }
 
 BASEBN_ACT_COMPUTES(cpu)
@@ -239,14 +243,18 @@ CUSTOM_OP_REG(BasebnBnAddActNormalize)
         .set_compute("x86", cpu_add_act_normalize) BASEBN_CUDA_COMPUTE(add_act_normalize);
 
 CUSTOM_OP_REG(BasebnBnActBackwardReduce)
-        .set_description("basebn: dz = act'(y) * dy; per-channel sum(dz), sum(dz * xhat)")
+        .set_description("basebn: dz = act'(pre) * dy; per-channel sum(dz), sum(dz * xhat)")
         .add_input("dy", BASEBN_FLOATS)
         .add_input("y", BASEBN_FLOATS)
         .add_input("x", BASEBN_FLOATS)
         .add_input("mean", {"float32"})
         .add_input("invstd", {"float32"})
+        .add_input("weight", {"float32"})
+        .add_input("bias", {"float32"})
         .add_output("sum_dz", {"float32"})
         .add_output("sum_dz_xhat", {"float32"})
+        .add_param("has_weight", false)
+        .add_param("has_bias", false)
         .add_param("act", 0)
         .add_param("force_strided", false)
         .set_device_infer(same_device)
@@ -263,10 +271,12 @@ CUSTOM_OP_REG(BasebnBnActBackwardReduce)
             .add_input("mean", {"float32"})    \
             .add_input("invstd", {"float32"})  \
             .add_input("weight", {"float32"})  \
+            .add_input("bias", {"float32"})    \
             .add_input("sum_dz", {"float32"})  \
             .add_input("sum_dz_xhat", {"float32"})
 #define BASEBN_ACT_ELEMT_REST                               \
     .add_param("has_weight", false)                         \
+            .add_param("has_bias", false)                   \
             .add_param("count", 1.0)                        \
             .add_param("act", 0)                            \
             .add_param("force_strided", false)              \
@@ -277,7 +287,7 @@ CUSTOM_OP_REG(BasebnBnActBackwardReduce)
             .set_compute("x86", cpu_act_backward_elemt) BASEBN_CUDA_COMPUTE(act_backward_elemt)
 
 CUSTOM_OP_REG(BasebnBnActBackwardElemt)
-        .set_description("basebn: dz = act'(y) * dy; dx = w * invstd * (dz - mean(dz) - xhat * mean(dz * xhat))")
+        .set_description("basebn: dz = act'(pre) * dy; dx = w * invstd * (dz - mean(dz) - xhat * mean(dz * xhat))")
         BASEBN_ACT_ELEMT_INPUTS
         .add_output("dx", BASEBN_FLOATS)
         BASEBN_ACT_ELEMT_REST;

@@ -6,7 +6,8 @@
 its affine. Each is a subclass of its BN class adding only the plain attribute ``act`` (a name in
 ``bn_ops.ACTIVATIONS``): state dicts, ``isinstance`` checks, running-statistics updates, ``freeze`` and eval
 behaviour are the BN class's. Under ``jit.trace`` the layer is MegEngine's BN op then the plain activation
-(exports hold no custom op); ghost BN (``norm_batch_size``) runs unfused.
+(exports hold no custom op); ghost BN (``norm_batch_size``) runs unfused, and so does the residual form of SiLU
+and HSwish (``bn_ops.PRE_GRAD_ACTIVATIONS``: fused BN, then the add and the activation as plain ops).
 
 Whatever replaces a BN layer (SyncBN / FrozenBN conversion, conv-BN fusion, deploy) keeps the activation
 through :func:`carry_act`; models build their layers with :func:`with_act` and call them with
@@ -19,14 +20,14 @@ from megengine.jit import tracing
 from .activation import build_activation
 from .batch_norm import BatchNorm2d
 from .bn_act_function import kernel_bn_act_forward
-from .bn_ops import ACTIVATIONS
+from .bn_ops import ACTIVATIONS, PRE_GRAD_ACTIVATIONS
 from .frozen_bn import FrozenBatchNorm2d
 from .sync_bn import SyncBatchNorm
 
 __all__ = ["BatchNormAct2d", "SyncBatchNormAct2d", "FrozenBatchNormAct2d", "NormActTail", "has_act", "with_act",
            "carry_act", "norm_act", "norm_then_act", "apply_act"]
 
-_FUNCTIONS = {"identity": lambda v: v, "relu": F.relu, "relu6": F.relu6}
+_FUNCTIONS = {"identity": lambda v: v, "relu": F.relu, "relu6": F.relu6, "silu": F.silu, "hswish": F.hswish}
 
 
 def _check_act(act):
@@ -56,6 +57,10 @@ class _NormAct:
         if shortcut is not None and tuple(shortcut.shape) != tuple(inp.shape):
             raise ValueError(f"shortcut {tuple(shortcut.shape)} must have the input's shape {tuple(inp.shape)}")
 
+    def _unfused_residual(self, shortcut):
+        """The add and the activation run as plain ops after the BN (SiLU / HSwish have no fused residual form)."""
+        return shortcut is not None and self.act in PRE_GRAD_ACTIVATIONS
+
     def _module_info_string(self):
         return f"{super()._module_info_string()}, act={self.act}"
 
@@ -68,7 +73,8 @@ class BatchNormAct2d(_NormAct, BatchNorm2d):
         self.act = _check_act(act)
 
     def forward(self, inp, shortcut=None):
-        if tracing.is_tracing() or (self.norm_batch_size is not None and self.training):
+        if tracing.is_tracing() or (self.norm_batch_size is not None and self.training) or \
+                self._unfused_residual(shortcut):
             return self.post_norm(BatchNorm2d.forward(self, inp), shortcut)
         self._check_input_ndim(inp)
         self._check_shortcut(inp, shortcut)
@@ -84,6 +90,8 @@ class SyncBatchNormAct2d(_NormAct, SyncBatchNorm):
         self.act = _check_act(act)
 
     def forward(self, inp, shortcut=None):
+        if self._unfused_residual(shortcut):
+            return self.post_norm(SyncBatchNorm.forward(self, inp), shortcut)
         self._check_input_ndim(inp)
         self._check_shortcut(inp, shortcut)
         return kernel_bn_act_forward(self, inp, self.act, shortcut, sync=self.training and not self.local_only,

@@ -3,8 +3,10 @@ and the forward built on them.
 
 The statistics are :mod:`.bn_function`'s, unchanged (local, or SyncBN's one ``all_gather`` forward and one
 ``all_reduce_sum`` backward); only the element-wise passes are fused. The backward keeps ``x`` (the BN
-input) and ``y`` (the output, which the next layer keeps anyway) and takes the activation's derivative
-from ``y``: the pre-activation tensor and the sum before a residual ReLU are never kept.
+input) and the per-channel statistics and affine; for ReLU / ReLU6 also ``y`` (the output, which the next layer
+keeps anyway), the activation's derivative being read from it; SiLU / HSwish recompute the pre-activation from
+``x`` in the backward kernels instead (``y`` does not determine it; ``bn_ops.PRE_GRAD_ACTIVATIONS``). The
+pre-activation tensor and the sum before a residual ReLU are never kept.
 :func:`kernel_bn_act_forward` is the forward of :class:`.bn_act.BatchNormAct2d` and its SyncBN form.
 """
 import megengine.functional as F
@@ -29,30 +31,34 @@ class _ActBackward:
         return shortcut, weight, bias
 
     def _normalize(self, x, shortcut, weight, bias):
+        # saved for the backward: x, weight, and y (ReLU / ReLU6: act' from the output) or bias (SiLU / HSwish:
+        # act' at the pre-activation, recomputed from x, the statistics, weight and bias)
         self.x, self.weight, self.has_affine = x, weight, weight is not None
+        self.bias = bias if self.act in bn_ops.PRE_GRAD_ACTIVATIONS else None
         if x.size == 0:
-            self.y = _empty_like(x)
+            y = _empty_like(x)
         else:
-            self.y = bn_ops.bn_act_normalize(x, self.mean, self.invstd, weight, bias, act=self.act,
-                                             shortcut=shortcut)
-        return self.y
+            y = bn_ops.bn_act_normalize(x, self.mean, self.invstd, weight, bias, act=self.act, shortcut=shortcut)
+        self.y = y if self.act in bn_ops.OUTPUT_GRAD_ACTIVATIONS else None
+        return y
 
     def backward(self, dy):
         x, y, c = self.x, self.y, self.x.shape[1]
         if dy is None:
             dy = F.zeros(x.shape, dtype=x.dtype)
         if x.size > 0:
-            sum_dz, sum_dz_xhat = bn_ops.bn_act_backward_reduce(dy, y, x, self.mean, self.invstd, act=self.act)
+            sum_dz, sum_dz_xhat = bn_ops.bn_act_backward_reduce(dy, y, x, self.mean, self.invstd, act=self.act,
+                                                                weight=self.weight, bias=self.bias)
         else:  # an empty rank still returns (and, when synchronised, contributes) zero sums
             sum_dz, sum_dz_xhat = _zeros_c(c, x.device), _zeros_c(c, x.device)
         g_dz, g_dz_xhat, count = self._global_sums(sum_dz, sum_dz_xhat)
         if x.size > 0:
             grads = bn_ops.bn_act_backward_elemt(dy, y, x, self.mean, self.invstd, self.weight, g_dz, g_dz_xhat,
-                                                 count, act=self.act, shortcut_grad=True)
+                                                 count, act=self.act, shortcut_grad=True, bias=self.bias)
             grads = grads if self.residual else grads[:1]
         else:
             grads = (_empty_like(dy),) * (2 if self.residual else 1)
-        self.x = self.y = self.weight = None  # free the saved tensors early
+        self.x = self.y = self.weight = self.bias = None  # free the saved tensors early
         if self.has_affine:  # dweight = sum(dz * xhat), dbias = sum(dz): this rank's share
             return grads + (sum_dz_xhat, sum_dz)
         return grads if self.residual else grads[0]

@@ -50,8 +50,11 @@ _DNNL_FAILED = "dnnl_failed.txt"
 _ENV_ONEDNN = "BASEBN_ONEDNN_ROOT"
 # -O3 and no -march: portable binaries; `#pragma omp simd` lets the compiler reorder those float
 # reductions to vectorise them; -fopenmp: the fused BN-activation kernels (bn_act_cpu.cpp) run their
-# passes on OpenMP's thread pool (the other BN kernels use no OpenMP runtime).
-_CFLAGS = ("-O3", "-fopenmp-simd", "-fopenmp", "-DNDEBUG", "-pthread")
+# passes on OpenMP's thread pool (the other BN kernels use no OpenMP runtime); -fno-trapping-math: the
+# kernels never read the floating-point exception flags, so the compiler may evaluate both arms of a
+# select and vectorise the branchy element-wise loops (the activations' derivatives, the SiLU / HSwish
+# forwards); it changes no value (no reassociation, unlike -ffast-math).
+_CFLAGS = ("-O3", "-fopenmp-simd", "-fopenmp", "-fno-trapping-math", "-DNDEBUG", "-pthread")
 _LDFLAGS = ("-pthread", "-fopenmp")
 # oldest first; sm_70 (Volta) is gone from CUDA 13's nvcc, see tests/test_kernels_cuda_compile.py
 CUDA_ARCHS = ("70", "75", "80", "90")

@@ -229,28 +229,33 @@ def _check_bn(quick, reps, gpu):
 
 
 def _check_bn_act(quick, reps, gpu):
-    """Rows per fused BN-activation op and input dtype, on the cases of :func:`_check_bn` (activations in turn)."""
+    """Rows per fused BN-activation op and input dtype, on the cases of :func:`_check_bn` (activations in turn; the
+    residual ops only for the activations that have that form)."""
     rng = np.random.default_rng(3)
     errs = {(op, dtype): _Errors() for op in BN_ACT_OPS for dtype in ("float32", "float16")}
     for i, (shape, dtype, layout) in enumerate(_bn_cases(quick, gpu)):
         x, dy = _bn_case_inputs(shape, dtype, layout, rng)
         sc = _tensor(rng.standard_normal(shape), dtype, layout)
-        act, c, cnt = ("relu", "relu6", "identity")[i % 3], shape[1], bn_ops.channel_count(x)
+        act, c, cnt = ("relu", "relu6", "identity", "silu", "hswish")[i % 5], shape[1], bn_ops.channel_count(x)
+        residual = act not in bn_ops.PRE_GRAD_ACTIVATIONS
         w = mge.tensor(rng.uniform(0.5, 1.5, c).astype(np.float32))
         b = mge.tensor(rng.standard_normal(c).astype(np.float32))
         with bn_ops.use_backend("fallback"):
             mean, m2 = bn_ops.bn_stats(x)
             invstd = (m2 * (1.0 / cnt) + _EPS) ** -0.5
-            y = bn_ops.bn_act_normalize(x, mean, invstd, w, b, act=act, shortcut=sc)
-            s1, s2 = bn_ops.bn_act_backward_reduce(dy, y, x, mean, invstd, act=act)
+            y = bn_ops.bn_act_normalize(x, mean, invstd, w, b, act=act, shortcut=sc if residual else None)
+            s1, s2 = bn_ops.bn_act_backward_reduce(dy, y, x, mean, invstd, act=act, weight=w, bias=b)
         calls = {
             "bn_act_normalize": lambda: (bn_ops.bn_act_normalize(x, mean, invstd, w, b, act=act),),
             "bn_add_act_normalize": lambda: (bn_ops.bn_act_normalize(x, mean, invstd, w, b, act=act, shortcut=sc),),
-            "bn_act_backward_reduce": lambda: bn_ops.bn_act_backward_reduce(dy, y, x, mean, invstd, act=act),
+            "bn_act_backward_reduce": lambda: bn_ops.bn_act_backward_reduce(dy, y, x, mean, invstd, act=act,
+                                                                            weight=w, bias=b),
             "bn_act_backward_elemt": lambda: (bn_ops.bn_act_backward_elemt(dy, y, x, mean, invstd, w, s1, s2, cnt,
-                                                                           act=act),),
+                                                                           act=act, bias=b),),
             "bn_add_act_backward_elemt": lambda: bn_ops.bn_act_backward_elemt(dy, y, x, mean, invstd, w, s1, s2, cnt,
-                                                                              act=act, shortcut_grad=True)}
+                                                                              act=act, shortcut_grad=True, bias=b)}
+        if not residual:
+            calls = {op: call for op, call in calls.items() if not op.startswith("bn_add_")}
         for op, call in calls.items():
             got, want, tk, tf = _both(call, reps, layout == "strided")
             e = errs[(op, dtype)]

@@ -3,10 +3,10 @@
 The copy of basebn/kernels multiplies every normalised value by 1.01 (bn_math.h, bn_normalize_elem); it
 is built BN-only (no oneDNN: seconds) with $BASEBN_KERNEL_DIR and a fresh $BASEBN_KERNEL_CACHE, in
 subprocesses (MegEngine loads one custom-op library per process). The self-check must fail naming
-bn_normalize and the fused BN-activation forwards built on the same per-element function (NORMALIZE_OPS), and
-nothing else; training must warn once and then train exactly as the pure-MegEngine BN
-ops do (CPU training is deterministic), and, with BASEBN_SELFCHECK=0, differently (the planted error reaches
-training, so the check is what protects it).
+bn_normalize, the fused BN-activation forwards built on the same per-element function, and the fused backwards
+whose SiLU / HSwish cases recompute the pre-activation with it (NORMALIZE_OPS), and nothing else; training
+must warn once and then train exactly as the pure-MegEngine BN ops do (CPU training is deterministic), and, with
+BASEBN_SELFCHECK=0, differently (the planted error reaches training, so the check is what protects it).
 """
 import json
 import os
@@ -23,8 +23,10 @@ from tests.support.mpi_launch import find_mpiexec
 CORRECT = "return (x - mean) * scale + bias;"
 PLANTED = "return (x - mean) * scale * 1.01f + bias;"
 WARNING = "basebn self-check:"
-# the ops whose forward is bn_normalize_elem: the plain normalisation and the fused BN -> activation (-> add) ones
-NORMALIZE_OPS = ["bn_normalize", "bn_act_normalize", "bn_add_act_normalize"]
+# the ops that compute bn_normalize_elem: the plain normalisation, the fused BN -> activation (-> add) forwards, and
+# the fused backwards (reduce, elemt), whose SiLU / HSwish cases recompute the pre-activation with it
+NORMALIZE_OPS = ["bn_normalize", "bn_act_normalize", "bn_add_act_normalize", "bn_act_backward_reduce",
+                 "bn_act_backward_elemt"]
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,9 @@ from basebn.layers import (
     revert_sync_batchnorm,
     with_act,
 )
+from basebn.layers import bn_ops
 from basebn.layers.bn_act import NormActTail
+from tests.support.bn_act_ref import act_grad_ref, act_ref, min_kink_distance
 from tests.support.mpi_launch import run_mpi
 
 EPS = 1e-5
@@ -48,16 +50,9 @@ def _c(v):
     return np.asarray(v, np.float64).reshape(1, -1, 1, 1)
 
 
-def act_ref(pre, act):
-    return {"identity": pre, "relu": np.maximum(pre, 0), "relu6": np.clip(pre, 0, 6)}[act]
-
-
-def act_grad_ref(pre, act):
-    return {"identity": np.ones_like(pre), "relu": pre > 0, "relu6": (pre > 0) & (pre < 6)}[act]
-
-
 def bn_act_ref(x, s, dy, w, b, act, mean=None, var=None):
-    """Training (mean None) or eval BN -> add -> act in float64: y, dx, ds, dw, db, batch mean, unbiased var."""
+    """Training (mean None) or eval BN -> add -> act in float64: y, dx, ds, dw, db, batch mean, unbiased var,
+    pre-activation."""
     x, dy = x.astype(np.float64), dy.astype(np.float64)
     n = x.size // x.shape[1]
     train = mean is None
@@ -121,14 +116,15 @@ def _step(layer, x, s, g):
 
 
 def _away_from_kinks(pre):
-    assert np.abs(pre).min() > 1e-4 and np.abs(pre - 6).min() > 1e-4, "test data too close to a kink"
+    assert min_kink_distance(pre) > 1e-4, "test data too close to a kink"
 
 
 # ------------------------------------------------------------------------ single process
 @pytest.mark.parametrize("cls", [BatchNormAct2d, SyncBatchNormAct2d])
-@pytest.mark.parametrize("act", ["relu", "relu6", "identity"])
+@pytest.mark.parametrize("act", ["relu", "relu6", "identity", "silu", "hswish"])
 @pytest.mark.parametrize("residual", [False, True], ids=["act", "add_act"])
 def test_train_matches_numpy(backend, cls, act, residual):
+    """Two training steps; SiLU / HSwish with a shortcut run as fused-free BN, add, activation (no residual form)."""
     rm, rv = np.zeros(3), np.ones(3)
     layer = None
     for step in range(2):
@@ -153,17 +149,18 @@ def test_train_matches_numpy(backend, cls, act, residual):
         close(layer.running_var.numpy().reshape(-1), rv)
 
 
+@pytest.mark.parametrize("act", ["relu", "silu", "hswish"])
 @pytest.mark.parametrize("residual", [False, True], ids=["act", "add_act"])
-def test_eval_and_freeze_use_running_stats(backend, residual):
+def test_eval_and_freeze_use_running_stats(backend, act, residual):
     x, s, g, w, b = _data((3, 4, 4, 5), seed=3)
     s = s if residual else None
     mean, var = np.array([1.5, 2.0, 2.5, 1.0]), np.array([8.0, 9.0, 10.0, 7.0])
     for freeze in (False, True):
-        layer = _layer(BatchNormAct2d, w, b, freeze=freeze, training=freeze)  # freeze: running stats in training
+        layer = _layer(BatchNormAct2d, w, b, act, freeze=freeze, training=freeze)  # freeze: running stats in training
         _set(layer.running_mean, mean)
         _set(layer.running_var, var)
         y, dx, ds, dw, db = _step(layer, x, s, g)
-        ry, rdx, rds, rdw, rdb, _, _, pre = bn_act_ref(x, s, g, w, b, "relu", mean, var)
+        ry, rdx, rds, rdw, rdb, _, _, pre = bn_act_ref(x, s, g, w, b, act, mean, var)
         _away_from_kinks(pre)
         close(y, ry)
         close(dx, rdx)
@@ -176,6 +173,31 @@ def test_eval_and_freeze_use_running_stats(backend, residual):
             close(db, rdb)
         close(layer.running_mean.numpy().reshape(-1), mean)  # unchanged
         close(layer.running_var.numpy().reshape(-1), var)
+
+
+@pytest.mark.parametrize("act", list(bn_ops.PRE_GRAD_ACTIVATIONS))
+@pytest.mark.parametrize("shape,layout", [((1, 3, 5, 6), "contiguous"), ((4, 1, 5, 6), "contiguous"),
+                                          ((3, 4, 5, 6), "transposed")], ids=["N1", "C1", "non_contiguous"])
+def test_pre_grad_activations_edge_shapes(backend, act, shape, layout):
+    """SiLU / HSwish (backward recomputing the pre-activation from x) with N = 1, C = 1 and a non-contiguous x
+    (a transposed view); gradients of x, weight and bias and the running statistics against numpy."""
+    x, _, g, w, b = _data(shape, seed=sum(shape))
+    layer = _layer(BatchNormAct2d, w, b, act)
+    xt = mge.tensor(x)
+    if layout == "transposed":
+        xt = mge.tensor(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
+    gm = GradManager().attach([layer.weight, layer.bias, xt])
+    with gm:
+        y = layer(xt)
+        gm.backward((y * mge.tensor(g)).sum())
+    ry, rdx, _, rdw, rdb, mean, var, pre = bn_act_ref(x, None, g, w, b, act)
+    _away_from_kinks(pre)
+    close(y.numpy(), ry)
+    close(xt.grad.numpy(), rdx)
+    close(layer.weight.grad.numpy().reshape(-1), rdw)
+    close(layer.bias.grad.numpy().reshape(-1), rdb)
+    close(layer.running_mean.numpy().reshape(-1), 0.1 * mean)
+    close(layer.running_var.numpy().reshape(-1), 0.9 + 0.1 * var)
 
 
 def test_same_state_dict_and_buffers_as_batchnorm2d():

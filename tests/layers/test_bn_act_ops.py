@@ -1,18 +1,24 @@
 """The fused BN -> activation ops (bn_ops.bn_act_*) against a float64 numpy transcription of
 BN -> [add shortcut] -> activation and its gradient, on both backends (kernel, fallback).
 
-The data are drawn away from the activations' kinks (|pre| and |pre - 6| > 1e-4), where the derivative
-is discontinuous and float32 rounding could pick the other side than float64.
+The data are drawn away from the activations' kinks (|pre - k| > 1e-4 for k in 0, 6 (ReLU, ReLU6) and -3, 3
+(HSwish)), where the derivative is discontinuous and float32 rounding could pick the other side than float64;
+HSwish exactly at its kinks is checked against MegEngine's own F.hswish gradient. SiLU / HSwish have no
+residual form (bn_ops.PRE_GRAD_ACTIVATIONS): their backward recomputes the pre-activation from x.
 """
 import numpy as np
 import pytest
 
 import megengine as mge
 
+import megengine.functional as F
+from megengine.autodiff import GradManager
+
 from basebn.layers import bn_ops, kernel_library
+from tests.support.bn_act_ref import act_grad_ref, act_ref, min_kink_distance
 from tests.support.bn_ops import forced_strided_kernels
 
-ACTS = ["identity", "relu", "relu6"]
+ACTS = list(bn_ops.ACTIVATIONS)
 
 
 # ----------------------------------------------------------------------------- float64 reference
@@ -31,19 +37,9 @@ def ref_pre(x, mean, invstd, w, b, shortcut):
     return pre if shortcut is None else pre + shortcut.astype(np.float64)
 
 
-def ref_act(pre, act):
-    return {"identity": pre, "relu": np.maximum(pre, 0.0), "relu6": np.clip(pre, 0.0, 6.0)}[act]
-
-
-def ref_act_grad(pre, act):
-    """d act / d pre (0 or 1 away from the kinks)."""
-    return {"identity": np.ones_like(pre), "relu": (pre > 0).astype(np.float64),
-            "relu6": ((pre > 0) & (pre < 6)).astype(np.float64)}[act]
-
-
 def ref_backward(dy, x, mean, invstd, w, pre, act, count):
     """(sum dz, sum dz * xhat, dx, dz) with dz = act'(pre) * dy and the global ``count``."""
-    dz = dy.astype(np.float64) * ref_act_grad(pre, act)
+    dz = dy.astype(np.float64) * act_grad_ref(pre, act)
     bs = _bs(x)
     xhat = (x.astype(np.float64) - mean.reshape(bs)) * invstd.reshape(bs)
     s1, s2 = dz.sum(axis=_axes(x)), (dz * xhat).sum(axis=_axes(x))
@@ -59,7 +55,7 @@ def _close(got, want, tol, what):
 
 def _case(shape, seed, dtype=np.float32, residual=True):
     """x, shortcut, dy, per-channel mean/invstd/w/b (float32 values) with BN + add values spread over
-    about [-8, 10] (so ReLU6 clips on both sides) and none within 1e-4 of 0 or 6."""
+    about [-8, 10] (so ReLU6 clips on both sides, HSwish has all three pieces) and none within 1e-4 of a kink."""
     rng = np.random.default_rng(seed)
     c = shape[1]
     for _ in range(50):
@@ -71,29 +67,34 @@ def _case(shape, seed, dtype=np.float32, residual=True):
         w = rng.uniform(2.0, 4.0, c).astype(np.float32) * rng.choice([-1, 1], c).astype(np.float32)
         b = rng.uniform(0.0, 2.0, c).astype(np.float32)
         pre = ref_pre(x, mean.astype(np.float64), invstd.astype(np.float64), w, b, shortcut)
-        if np.abs(pre).min() > 1e-4 and np.abs(pre - 6).min() > 1e-4:
+        if min_kink_distance(pre) > 1e-4:
             dy = rng.standard_normal(shape).astype(dtype)
             return x, shortcut, dy, mean, invstd, w, b, pre
     raise AssertionError("could not draw data away from the kinks")
 
 
 def _check(shape, act, residual, tol=1e-5, dtype=np.float32, seed=0, make=mge.tensor, count_scale=1):
+    """Forward, reduce and elemt (with and without dshortcut) against the reference; ``residual`` only where the
+    activation has a residual form. The backward gets y only where it reads it (ReLU, ReLU6)."""
+    residual = residual and act not in bn_ops.PRE_GRAD_ACTIVATIONS
     x, s, dy, mean, invstd, w, b, pre = _case(shape, seed, dtype, residual)
     xt, st, gt = make(x), None if s is None else make(s), make(dy)
     y = bn_ops.bn_act_normalize(xt, mean, invstd, w, b, act=act, shortcut=st)
     assert y.dtype == x.dtype and tuple(y.shape) == shape
-    _close(y, ref_act(pre, act), tol, "y")
+    _close(y, act_ref(pre, act), tol, "y")
     count = x.size // shape[1] * count_scale
     r1, r2, rdx, rdz = ref_backward(dy, x, mean.astype(np.float64), invstd.astype(np.float64), w, pre, act, count)
-    s1, s2 = bn_ops.bn_act_backward_reduce(gt, y, xt, mean, invstd, act=act)
+    yb = y if act in bn_ops.OUTPUT_GRAD_ACTIVATIONS else None
+    s1, s2 = bn_ops.bn_act_backward_reduce(gt, yb, xt, mean, invstd, act=act, weight=w, bias=b)
     red_tol = tol * max(1.0, np.sqrt(count))
     _close(s1, r1, red_tol, "sum_dz")
     _close(s2, r2, red_tol, "sum_dz_xhat")
-    dx, ds = bn_ops.bn_act_backward_elemt(gt, y, xt, mean, invstd, w, s1, s2, count, act=act, shortcut_grad=True)
+    dx, ds = bn_ops.bn_act_backward_elemt(gt, yb, xt, mean, invstd, w, s1, s2, count, act=act, shortcut_grad=True,
+                                          bias=b)
     assert dx.dtype == dy.dtype and ds.dtype == dy.dtype
     _close(dx, rdx, tol, "dx")
     _close(ds, rdz, tol, "dshortcut")
-    only_dx = bn_ops.bn_act_backward_elemt(gt, y, xt, mean, invstd, w, s1, s2, count, act=act)
+    only_dx = bn_ops.bn_act_backward_elemt(gt, yb, xt, mean, invstd, w, s1, s2, count, act=act, bias=b)
     np.testing.assert_array_equal(only_dx.numpy(), dx.numpy())
 
 
@@ -108,14 +109,17 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("residual", [False, True], ids=["bn_act", "bn_add_act"])
-@pytest.mark.parametrize("act", ACTS)
+RESIDUAL_ACTS = [a for a in ACTS if a not in bn_ops.PRE_GRAD_ACTIVATIONS]
+
+
+@pytest.mark.parametrize("act,residual", [(a, False) for a in ACTS] + [(a, True) for a in RESIDUAL_ACTS],
+                         ids=lambda v: {False: "bn_act", True: "bn_add_act"}.get(v, v))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_fused_ops_float32(backend, shape, act, residual):
     _check(shape, act, residual, seed=sum(shape))
 
 
-@pytest.mark.parametrize("act", ["relu", "relu6"])
+@pytest.mark.parametrize("act", ["relu", "relu6", "silu", "hswish"])
 def test_global_count_exceeds_local(backend, act):
     """SyncBN hands the backward all-reduced sums and the global count (here 3x the local one)."""
     _check((4, 3, 4, 4), act, True, count_scale=3)
@@ -123,7 +127,8 @@ def test_global_count_exceeds_local(backend, act):
 
 @pytest.mark.parametrize("force_strided", [False, True], ids=["as_given", "gather_path"])
 def test_non_contiguous(backend, force_strided):
-    """Transposed views for every element-wise input (x, shortcut, dy; y is the op's own output)."""
+    """Transposed views for every element-wise input (x, shortcut, dy; y is the op's own output); SiLU / HSwish
+    without a shortcut."""
     def transposed(a):
         return mge.tensor(np.ascontiguousarray(a.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
 
@@ -146,13 +151,42 @@ def test_without_affine_and_identity(backend):
     _close(y, np.maximum(pre, 0), 1e-5, "y")
 
 
-def test_masked_gradient_ignores_nonfinite_dy(backend):
-    """Where ReLU is off, dz is exactly 0 even for an inf dy (as autodiff's ReLU gradient)."""
+@pytest.mark.parametrize("act,off", [("relu", lambda pre: pre <= 0), ("hswish", lambda pre: pre < -3)])
+def test_masked_gradient_ignores_nonfinite_dy(backend, act, off):
+    """Where the derivative is 0 (ReLU off, HSwish below -3), dz is exactly 0 even for an inf dy (as autodiff's
+    ReLU gradient)."""
     x, _, dy, mean, invstd, w, b, pre = _case((2, 3, 4, 5), 6, residual=False)
-    dy[pre <= 0] = np.inf
-    y = bn_ops.bn_act_normalize(mge.tensor(x), mean, invstd, w, b, act="relu")
-    s1, s2 = bn_ops.bn_act_backward_reduce(mge.tensor(dy), y, mge.tensor(x), mean, invstd, act="relu")
+    assert off(pre).any()
+    dy[off(pre)] = np.inf
+    y = bn_ops.bn_act_normalize(mge.tensor(x), mean, invstd, w, b, act=act)
+    s1, s2 = bn_ops.bn_act_backward_reduce(mge.tensor(dy), y, mge.tensor(x), mean, invstd, act=act, weight=w, bias=b)
     assert np.isfinite(s1.numpy()).all() and np.isfinite(s2.numpy()).all()
+
+
+@pytest.mark.parametrize("act", ["silu", "hswish"])
+def test_megengine_gradient_at_special_points(backend, act):
+    """dz = act'(pre) * dy against MegEngine's own autodiff of F.silu / F.hswish, at pre exactly on HSwish's kinks
+    (-3: MegEngine takes the inner slope -0.5, 3: the inner slope 1.5), 0, 6 and SiLU's saturated tails (|pre| up
+    to 100, exp overflowing). mean 0, invstd 1, weight 1, bias 0 make pre == x exactly."""
+    pts = np.array([-3, 3, 0, 6, -6, -1.5, 2.5, -20, 20, -88, -89, -100, 100], np.float32)
+    x = np.tile(pts, (2, 1)).reshape(2, 1, pts.size, 1)
+    dy = np.random.default_rng(0).standard_normal(x.shape).astype(np.float32)
+    xt = mge.tensor(x)
+    gm = GradManager().attach([xt])
+    with gm:
+        want_y = {"silu": F.silu, "hswish": F.hswish}[act](xt)
+        gm.backward(want_y, mge.tensor(dy))
+    zero, one = np.zeros(1, np.float32), np.ones(1, np.float32)
+    y = bn_ops.bn_act_normalize(mge.tensor(x), zero, one, act=act)
+    np.testing.assert_allclose(y.numpy(), want_y.numpy(), rtol=1e-6, atol=1e-30)
+    # fixed statistics (eval): dx = w * invstd * dz = dz
+    dz = bn_ops.bn_act_backward_elemt(mge.tensor(dy), None, mge.tensor(x), zero, one, None, zero, zero, 1.0, act=act)
+    np.testing.assert_allclose(dz.numpy(), xt.grad.numpy(), rtol=1e-6, atol=1e-30)
+    s1, _ = bn_ops.bn_act_backward_reduce(mge.tensor(dy), None, mge.tensor(x), zero, one, act=act)
+    np.testing.assert_allclose(s1.numpy(), xt.grad.numpy().sum(dtype=np.float64), rtol=1e-5, atol=1e-6)
+    if act == "hswish":
+        g = dz.numpy().reshape(2, -1) / dy.reshape(2, -1)
+        np.testing.assert_allclose(g[:, :2], [[-0.5, 1.5]] * 2, rtol=1e-6)
 
 
 def test_bad_arguments():
@@ -162,6 +196,10 @@ def test_bad_arguments():
         bn_ops.bn_act_normalize(x, ones, ones, act="gelu")
     with pytest.raises(ValueError, match="shortcut"):
         bn_ops.bn_act_normalize(x, ones, ones, shortcut=mge.tensor(np.zeros((2, 3, 4, 5), np.float32)))
+    with pytest.raises(ValueError, match="no kernel"):  # SiLU / HSwish: no residual form
+        bn_ops.bn_act_normalize(x, ones, ones, act="silu", shortcut=x)
+    with pytest.raises(ValueError, match="reads the forward's output"):
+        bn_ops.bn_act_backward_reduce(x, None, x, ones, ones, act="relu")
 
 
 def test_kernel_matches_fallback_bitwise_for_relu_forward():
@@ -175,3 +213,30 @@ def test_kernel_matches_fallback_bitwise_for_relu_forward():
             outs.append(bn_ops.bn_act_normalize(mge.tensor(x), mean, invstd, w, b, act="relu",
                                                 shortcut=mge.tensor(s)).numpy())
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("act", ["relu", "silu"])
+def test_backward_independent_of_thread_count(monkeypatch, act):
+    """The kernels' reduce sums each row in fixed lanes, then the rows of a channel in n order, and elemt is per
+    element: reduce and elemt are bitwise the same with 1, 2 or 3 threads (rows spanning several 4096-element
+    chunks and a tail)."""
+    if not kernel_library.kernel_available():
+        pytest.skip(f"BN kernels unavailable: {kernel_library.kernel_error()}")
+    rng = np.random.default_rng(8)
+    x, dy = (rng.standard_normal((4, 6, 71, 73)).astype(np.float32) for _ in range(2))
+    mean, invstd = np.full(6, 0.1, np.float32), np.full(6, 0.9, np.float32)
+    w, b = rng.uniform(0.5, 2, 6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    outs = []
+    with bn_ops.use_backend("kernel"):
+        y = bn_ops.bn_act_normalize(mge.tensor(x), mean, invstd, w, b, act=act)
+        yb = y if act in bn_ops.OUTPUT_GRAD_ACTIVATIONS else None
+        for threads in ("1", "2", "3"):
+            monkeypatch.setenv("BASEBN_NUM_THREADS", threads)
+            s1, s2 = bn_ops.bn_act_backward_reduce(mge.tensor(dy), yb, mge.tensor(x), mean, invstd, act=act,
+                                                   weight=w, bias=b)
+            dx = bn_ops.bn_act_backward_elemt(mge.tensor(dy), yb, mge.tensor(x), mean, invstd, w, s1, s2, 1000.0,
+                                              act=act, bias=b)
+            outs.append([t.numpy() for t in (s1, s2, dx)])
+    for other in outs[1:]:
+        for a, o in zip(outs[0], other):
+            np.testing.assert_array_equal(a, o)

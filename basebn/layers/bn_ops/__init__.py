@@ -9,7 +9,8 @@ the ops of :mod:`basebn.layers.kernel_library`, compiled on first use) and pure 
 """
 from .backend import backend, use_backend
 from .ops import bn_backward_elemt, bn_backward_reduce, bn_normalize, bn_stats, channel_count
-from .ops import ACTIVATIONS, bn_act_backward_elemt, bn_act_backward_reduce, bn_act_normalize
+from .ops import ACTIVATIONS, OUTPUT_GRAD_ACTIVATIONS, PRE_GRAD_ACTIVATIONS
+from .ops import bn_act_backward_elemt, bn_act_backward_reduce, bn_act_normalize
 
 __all__ = [
     "bn_stats",
@@ -18,6 +19,8 @@ __all__ = [
     "bn_backward_elemt",
     "channel_count",
     "ACTIVATIONS",
+    "OUTPUT_GRAD_ACTIVATIONS",
+    "PRE_GRAD_ACTIVATIONS",
     "bn_act_normalize",
     "bn_act_backward_reduce",
     "bn_act_backward_elemt",

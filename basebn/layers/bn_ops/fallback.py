@@ -75,18 +75,29 @@ def backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count):
 
 
 # ---- fused BN -> activation, as the kernels compute it: float32 throughout, one rounding to x's dtype
-_ACTIVATIONS = {"identity": lambda v: v, "relu": F.relu, "relu6": F.relu6}
+_ACTIVATIONS = {"identity": lambda v: v, "relu": F.relu, "relu6": F.relu6, "silu": F.silu, "hswish": F.hswish}
 
 
-def _act_grad(dy, y, act):
-    """``dz = act'(y) * dy`` in float32, the derivative read from the output ``y`` (0 where masked, even
-    for a non-finite dy)."""
+def _act_grad(dy, y, pre, act):
+    """``dz = act'(pre) * dy`` in float32: ReLU / ReLU6 read the derivative from the output ``y``, SiLU / HSwish
+    from ``pre`` (a zero derivative gives 0, even for a non-finite dy; HSwish's kinks as MegEngine's gradient)."""
     dy = _as_float32(dy)
     if act == "identity":
         return dy
+    if act == "silu":
+        s = F.sigmoid(pre)
+        return dy * (s * (1 + pre * (1 - s)))
+    zeros = F.zeros_like(dy)
+    if act == "hswish":
+        return F.where(pre < -3, zeros, F.where(pre > 3, dy, dy * (2 * pre + 3) / 6))
     y = _as_float32(y)
     keep = y > 0 if act == "relu" else (y > 0) & (y < 6)
-    return F.where(keep, dy, F.zeros_like(dy))
+    return F.where(keep, dy, zeros)
+
+
+def _pre(x, mean, invstd, weight, bias, act):
+    """The pre-activation (float32) where the derivative needs it (SiLU, HSwish), else None."""
+    return normalize(_as_float32(x), mean, invstd, weight, bias) if act in ("silu", "hswish") else None
 
 
 def act_normalize(x, shortcut, mean, invstd, weight, bias, act):
@@ -98,14 +109,15 @@ def act_normalize(x, shortcut, mean, invstd, weight, bias, act):
     return y if y.dtype == x.dtype else y.astype(x.dtype)
 
 
-def act_backward_reduce(dy, y, x, mean, invstd, act):
-    """Per-channel ``(sum(dz), sum(dz * xhat))``, ``dz = act'(y) * dy``."""
-    return backward_reduce(_act_grad(dy, y, act), x, mean, invstd)
+def act_backward_reduce(dy, y, x, mean, invstd, weight, bias, act):
+    """Per-channel ``(sum(dz), sum(dz * xhat))``, ``dz = act'(pre) * dy``."""
+    dz = _act_grad(dy, y, _pre(x, mean, invstd, weight, bias, act), act)
+    return backward_reduce(dz, x, mean, invstd)
 
 
-def act_backward_elemt(dy, y, x, mean, invstd, weight, sum_dz, sum_dz_xhat, count, act, shortcut_grad):
-    """``(dx,)`` or ``(dx, dshortcut = dz)`` in dy's dtype, ``dz = act'(y) * dy``."""
-    dz = _act_grad(dy, y, act)
+def act_backward_elemt(dy, y, x, mean, invstd, weight, bias, sum_dz, sum_dz_xhat, count, act, shortcut_grad):
+    """``(dx,)`` or ``(dx, dshortcut = dz)`` in dy's dtype, ``dz = act'(pre) * dy``."""
+    dz = _act_grad(dy, y, _pre(x, mean, invstd, weight, bias, act), act)
     dx = backward_elemt(dz, x, mean, invstd, weight, sum_dz, sum_dz_xhat, count)
     outs = (dx, dz) if shortcut_grad else (dx,)
     return tuple(t if t.dtype == dy.dtype else t.astype(dy.dtype) for t in outs)

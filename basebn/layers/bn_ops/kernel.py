@@ -74,13 +74,18 @@ def backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count):
 
 
 # ---- fused BN -> activation ops (basebn/kernels/bn_act_cpu.cpp); codes as BnAct in bn_math.h
-ACT_CODES = {"identity": 0, "relu": 1, "relu6": 2}
+ACT_CODES = {"identity": 0, "relu": 1, "relu6": 2, "silu": 3, "hswish": 4}
+
+
+def _affine(mean, weight, bias, act):
+    """The (weight, bias) input slots (``mean`` as the placeholder of a missing one) and their flags with ``act``."""
+    slots = (mean if weight is None else weight, mean if bias is None else bias)
+    return slots, dict(has_weight=weight is not None, has_bias=bias is not None, act=ACT_CODES[act])
 
 
 def act_normalize(x, shortcut, mean, invstd, weight, bias, act):
     """``act((x - mean) * invstd * weight + bias [+ shortcut])``; shortcut (or None) has x's dtype."""
-    affine = (mean if weight is None else weight, mean if bias is None else bias)
-    flags = dict(has_weight=weight is not None, has_bias=bias is not None, act=ACT_CODES[act])
+    affine, flags = _affine(mean, weight, bias, act)
     if shortcut is None:
         (y,) = _apply("BasebnBnActNormalize", x, mean, invstd, *affine, **flags)
     else:
@@ -88,14 +93,18 @@ def act_normalize(x, shortcut, mean, invstd, weight, bias, act):
     return y
 
 
-def act_backward_reduce(dy, y, x, mean, invstd, act):
-    """Per-channel ``(sum(dz), sum(dz * xhat))`` with ``dz = act'(y) * dy``; dy, y, x have one dtype."""
-    s1, s2 = _apply("BasebnBnActBackwardReduce", dy, y, x, mean, invstd, act=ACT_CODES[act])
+def act_backward_reduce(dy, y, x, mean, invstd, weight, bias, act):
+    """Per-channel ``(sum(dz), sum(dz * xhat))`` with ``dz = act'(pre) * dy``; dy, y, x have one dtype. The kernel
+    reads ``y`` (ReLU, ReLU6) or recomputes ``pre`` from x and the affine (SiLU, HSwish); None: x stands in."""
+    affine, flags = _affine(mean, weight, bias, act)
+    s1, s2 = _apply("BasebnBnActBackwardReduce", dy, x if y is None else y, x, mean, invstd, *affine, **flags)
     return s1, s2
 
 
-def act_backward_elemt(dy, y, x, mean, invstd, weight, sum_dz, sum_dz_xhat, count, act, shortcut_grad):
-    """``(dx,)``, or ``(dx, dshortcut)`` when ``shortcut_grad``: ``dshortcut = dz = act'(y) * dy``."""
+def act_backward_elemt(dy, y, x, mean, invstd, weight, bias, sum_dz, sum_dz_xhat, count, act, shortcut_grad):
+    """``(dx,)``, or ``(dx, dshortcut)`` when ``shortcut_grad``: ``dshortcut = dz = act'(pre) * dy`` (``y`` as
+    in :func:`act_backward_reduce`)."""
     name = "BasebnBnAddActBackwardElemt" if shortcut_grad else "BasebnBnActBackwardElemt"
-    return tuple(_apply(name, dy, y, x, mean, invstd, mean if weight is None else weight, sum_dz, sum_dz_xhat,
-                        has_weight=weight is not None, count=float(count), act=ACT_CODES[act]))
+    affine, flags = _affine(mean, weight, bias, act)
+    return tuple(_apply(name, dy, x if y is None else y, x, mean, invstd, *affine, sum_dz, sum_dz_xhat,
+                        count=float(count), **flags))

@@ -7,7 +7,8 @@ from . import fallback, kernel
 from .backend import backend
 
 __all__ = ["bn_stats", "bn_normalize", "bn_backward_reduce", "bn_backward_elemt", "channel_count", "ACTIVATIONS",
-           "bn_act_normalize", "bn_act_backward_reduce", "bn_act_backward_elemt"]
+           "OUTPUT_GRAD_ACTIVATIONS", "PRE_GRAD_ACTIVATIONS", "bn_act_normalize", "bn_act_backward_reduce",
+           "bn_act_backward_elemt"]
 
 
 def _check(x, name="x"):
@@ -102,7 +103,12 @@ def bn_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count):
 
 
 # ---- fused BN -> activation: the element-wise passes of BN with the activation (and a residual add) folded in
-ACTIVATIONS = ("identity", "relu", "relu6")
+ACTIVATIONS = ("identity", "relu", "relu6", "silu", "hswish")
+# What the backward reads for the derivative act'(pre): the forward's output y for ReLU / ReLU6 (y > 0, 0 < y < 6);
+# for SiLU / HSwish the pre-activation itself, which y does not determine, recomputed from x, mean, invstd and
+# the affine (so the backward keeps x and the per-channel tensors, not y); nothing for the identity.
+OUTPUT_GRAD_ACTIVATIONS = ("relu", "relu6")
+PRE_GRAD_ACTIVATIONS = ("silu", "hswish")  # no residual form: the backward has no shortcut to recompute pre with
 
 
 def _check_act(act):
@@ -116,6 +122,16 @@ def _check_like(t, x, name):
         raise ValueError(f"{name} must have x's shape {tuple(x.shape)}, got {tuple(t.shape)}")
 
 
+def _check_backward(dy, y, x, act):
+    _check(x)
+    _check_act(act)
+    _check_like(dy, x, "dy")
+    if y is not None:
+        _check_like(y, x, "y")
+    elif act in OUTPUT_GRAD_ACTIVATIONS:
+        raise ValueError(f"the {act} backward reads the forward's output y: got None")
+
+
 def _one_dtype(*ts):
     """The kernels take one element dtype: float32 for all when they differ (None entries kept)."""
     if len({t.dtype for t in ts if t is not None}) <= 1:
@@ -124,13 +140,16 @@ def _one_dtype(*ts):
 
 
 def bn_act_normalize(x, mean, invstd, weight=None, bias=None, act="relu", shortcut=None):
-    """``y = act((x - mean) * invstd * weight + bias [+ shortcut])`` in one pass (``act`` in ACTIVATIONS).
+    """``y = act((x - mean) * invstd * weight + bias [+ shortcut])`` in one pass (``act`` in ACTIVATIONS; no
+    ``shortcut`` for PRE_GRAD_ACTIVATIONS).
 
     Computed in float32 and rounded once to x's dtype (float32 when x and shortcut dtypes differ).
     """
     _check(x)
     _check_act(act)
     if shortcut is not None:
+        if act in PRE_GRAD_ACTIVATIONS:
+            raise ValueError(f"fused BN -> add -> {act} has no kernel (its backward would need the shortcut)")
         _check_like(shortcut, x, "shortcut")
         x, shortcut = _one_dtype(x, shortcut)
     c = x.shape[1]
@@ -140,41 +159,40 @@ def bn_act_normalize(x, mean, invstd, weight=None, bias=None, act="relu", shortc
     return fallback.act_normalize(x, shortcut, mean, invstd, weight, bias, act)
 
 
-def bn_act_backward_reduce(dy, y, x, mean, invstd, act="relu"):
-    """Per-channel ``(sum(dz), sum(dz * xhat))``, ``dz = act'(y) * dy``, float32 (C,); ``y`` is the forward's
-    output (the derivative is read from it: ReLU ``y > 0``, ReLU6 ``0 < y < 6``)."""
-    _check(x)
-    _check_act(act)
-    _check_like(dy, x, "dy")
-    _check_like(y, x, "y")
+def bn_act_backward_reduce(dy, y, x, mean, invstd, act="relu", weight=None, bias=None):
+    """Per-channel ``(sum(dz), sum(dz * xhat))``, ``dz = act'(pre) * dy``, float32 (C,).
+
+    ``y`` is the forward's output, read for the derivative of ReLU (``y > 0``) and ReLU6 (``0 < y < 6``); it
+    may be None otherwise. SiLU / HSwish take the derivative at ``pre = (x - mean) * invstd * weight + bias``,
+    recomputed here: pass the forward's ``weight`` and ``bias`` (None: 1 and 0).
+    """
+    _check_backward(dy, y, x, act)
     c = x.shape[1]
-    mean, invstd = _per_channel(mean, c), _per_channel(invstd, c)
+    mean, invstd, weight, bias = (_per_channel(v, c) for v in (mean, invstd, weight, bias))
     if backend() == "kernel":
         dy, y, x = _one_dtype(dy, y, x)
-        if kernel.ready(x, dy, y, mean, invstd):
-            return kernel.act_backward_reduce(dy, y, x, mean, invstd, act)
-    return fallback.act_backward_reduce(dy, y, x, mean, invstd, act)
+        if kernel.ready(x, dy, y, mean, invstd, weight, bias):
+            return kernel.act_backward_reduce(dy, y, x, mean, invstd, weight, bias, act)
+    return fallback.act_backward_reduce(dy, y, x, mean, invstd, weight, bias, act)
 
 
 def bn_act_backward_elemt(dy, y, x, mean, invstd, weight, sum_dz, sum_dz_xhat, count, act="relu",
-                          shortcut_grad=False):
-    """``dx = w * invstd * (dz - sum_dz/count - xhat * sum_dz_xhat/count)``, ``dz = act'(y) * dy``, in dy's dtype.
+                          shortcut_grad=False, bias=None):
+    """``dx = w * invstd * (dz - sum_dz/count - xhat * sum_dz_xhat/count)``, ``dz = act'(pre) * dy``, in dy's dtype.
 
     Returns ``dx``, or ``(dx, dshortcut)`` with ``dshortcut = dz`` (the residual branch's gradient, from the
-    same pass) when ``shortcut_grad``. ``count`` as in :func:`bn_backward_elemt`.
+    same pass) when ``shortcut_grad``. ``count`` as in :func:`bn_backward_elemt`; ``y`` and ``bias`` as in
+    :func:`bn_act_backward_reduce`.
     """
-    _check(x)
-    _check_act(act)
-    _check_like(dy, x, "dy")
-    _check_like(y, x, "y")
+    _check_backward(dy, y, x, act)
     c = x.shape[1]
-    mean, invstd, weight, sum_dz, sum_dz_xhat = (
-        _per_channel(v, c) for v in (mean, invstd, weight, sum_dz, sum_dz_xhat))
-    args = (mean, invstd, weight, sum_dz, sum_dz_xhat, float(count), act, shortcut_grad)
+    mean, invstd, weight, bias, sum_dz, sum_dz_xhat = (
+        _per_channel(v, c) for v in (mean, invstd, weight, bias, sum_dz, sum_dz_xhat))
+    args = (mean, invstd, weight, bias, sum_dz, sum_dz_xhat, float(count), act, shortcut_grad)
     if backend() == "kernel":
         out_dtype = dy.dtype
         dy, y, x = _one_dtype(dy, y, x)
-        if kernel.ready(x, dy, y, mean, invstd, weight, sum_dz, sum_dz_xhat):
+        if kernel.ready(x, dy, y, mean, invstd, weight, bias, sum_dz, sum_dz_xhat):
             outs = kernel.act_backward_elemt(dy, y, x, *args)
         else:
             outs = fallback.act_backward_elemt(dy, y, x, *args)
