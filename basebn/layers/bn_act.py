@@ -30,6 +30,9 @@ __all__ = ["BatchNormAct2d", "SyncBatchNormAct2d", "FrozenBatchNormAct2d", "Norm
 _FUNCTIONS = {"identity": lambda v: v, "relu": F.relu, "relu6": F.relu6, "silu": F.silu, "hswish": F.hswish}
 
 
+ACT_ALIASES = {"swish": "silu"}  # other names of a fused activation (basebn.layers.activation's)
+
+
 def _check_act(act):
     if act not in ACTIVATIONS:
         raise ValueError(f"fused BN activation must be one of {ACTIVATIONS}, got {act!r}")
@@ -150,7 +153,8 @@ def with_act(norm, act):
     """``norm`` (just built, of any kind) with ``act`` fused in when it has a fused form (basebn's
     BatchNorm2d, SyncBatchNorm, FrozenBatchNorm2d: the same object, its class swapped for the act subclass),
     else ``norm`` unchanged (GN, BRN, ...; :func:`norm_act` then applies the activation). ``act`` not in
-    ``bn_ops.ACTIVATIONS`` also leaves it unchanged."""
+    ``bn_ops.ACTIVATIONS`` also leaves it unchanged; "swish" is fused as "silu" (build_activation's alias)."""
+    act = ACT_ALIASES.get(act, act)
     if act not in ACTIVATIONS or has_act(norm):
         return norm
     swapped = _swap(norm, act)
@@ -180,7 +184,7 @@ def norm_act(norm, x, act, shortcut=None):
     """``act(norm(x) [+ shortcut])``: one fused call when ``norm`` carries ``act`` (:func:`with_act`), else
     the norm, the add and the activation as plain ops."""
     if has_act(norm):
-        if norm.act != act:
+        if norm.act != ACT_ALIASES.get(act, act):
             raise ValueError(f"{type(norm).__name__} applies {norm.act!r}, the caller asked for {act!r}")
         return norm(x) if shortcut is None else norm(x, shortcut)
     return apply_act(norm(x), act, shortcut)

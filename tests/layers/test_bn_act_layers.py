@@ -313,3 +313,14 @@ def test_mpi_fused_sync_bn_matches_single_process(tmp_path, sizes):
             np.testing.assert_array_equal(out[f"counts{step}"], [1, 1])
         close(sum(o[f"dw{step}"] for o in outs), dw)  # per-rank shares add up to the whole batch's
         close(sum(o[f"db{step}"] for o in outs), db)
+
+
+def test_swish_alias_fuses_as_silu():
+    """build_activation's "swish" is SiLU: with_act fuses it as "silu", and norm_act accepts either name."""
+    norm = with_act(BatchNorm2d(3), "swish")
+    assert norm.act == "silu"
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    norm.eval()
+    y = norm_act(norm, mge.tensor(x), "swish").numpy()
+    z = (x - 0.0) / np.sqrt(1.0 + 1e-5)  # fresh running statistics: mean 0, var 1
+    np.testing.assert_allclose(y, z / (1.0 + np.exp(-z)), rtol=1e-5, atol=1e-6)

@@ -39,6 +39,8 @@ CASES = {
     "mbnetv3": ("mbnetv3_small_x075", dict(depths=[1, 2, 1, 1, 1], exp_rs=[1, [4.5, 3.67], 4, 3, 6]),
                 {"relu": 5, "hswish": 8}),  # relu stages, hswish stages, SE, MBV3Head
     "effnet_lite": ("effnet_b0_lite", dict(width_mult=0.5, depths=[1, 2, 1, 1, 1, 1, 1]), {"relu6": 17}),
+    # SiLU after the stem, expand, depthwise and head BNs (SE follows the depthwise activation)
+    "effnet_silu": ("effnet_b0", dict(width_mult=0.5, depths=[1, 2, 1, 1, 1, 1, 1]), {"silu": 17}),
     "effnetv2": ("effnetv2_b0", dict(width_mult=0.5, depths=[2, 2, 1, 2, 1, 1], act="relu"), {"relu": 15}),
     "snetv2": ("snetv2_x050", dict(depths=[2, 2, 2]), {"relu": 17}),
     "snetv2p": ("snetv2p_x075", dict(widths=[24, 48, 96, 192], depths=[2, 1, 1, 2],
@@ -48,6 +50,13 @@ CASES = {
     "hrnet": ("hrnet_w18_small_v1", HRNET_SMALL, {"relu": 31}),
     "repvgg": ("repvgg_a0", dict(num_blocks=[1, 1, 2, 1]), {}),  # three branches summed before the act: none
 }
+
+
+# Input size where 32 px leaves the last BNs (the heads, on 1x1 maps) normalising over the 4 samples only: there
+# the unfused reference disagrees with itself when the batch is merely permuted (head conv weight gradient,
+# measured: mbnetv3 8e-6, snetv2p 6e-6, effnet_silu 5e-5 relative), RTOL's order or above; at 64 px those BNs
+# see 16 values. (The ReLU cases pass at 32 px: their activation derivative is exact in float32.)
+INPUT_SIZE = {"mbnetv3": 64, "snetv2p": 64, "effnet_silu": 64}
 
 
 def _expected_acts(case):
@@ -79,10 +88,18 @@ def _randomized(model, seed=0):
     return model
 
 
+def _without_dropout(model):
+    """``model`` with dropout and drop path off (see :func:`_reorder_noise`)."""
+    for m in model.modules():
+        if hasattr(m, "drop_prob"):
+            m.drop_prob = 0.0
+    return model
+
+
 def _pair(case, monkeypatch):
     """(fused model with random BNs, unfused model with its weights)."""
-    fused = _randomized(_build(case, True, monkeypatch))
-    plain = _build(case, False, monkeypatch)
+    fused = _without_dropout(_randomized(_build(case, True, monkeypatch)))
+    plain = _without_dropout(_build(case, False, monkeypatch))
     plain.load_state_dict(fused.state_dict())
     return fused, plain
 
@@ -123,13 +140,30 @@ def _grad_scale(grads, key):
     return 0.0 if weight is None else float(np.abs(weight).max())
 
 
+def _reorder_noise(plain, x, labels, grads):
+    """{parameter: max |difference|} between ``grads`` and the unfused model's gradients on the same batch in
+    another order: mathematically equal, so this is the reference's own float32 noise (large where a BN
+    normalises over few values). Needs dropout and drop path off (their masks follow the batch position)."""
+    for p in plain.parameters():
+        p.grad = None  # MegEngine accumulates gradients
+    state = {k: np.array(v) for k, v in plain.state_dict().items()}
+    order = np.roll(np.arange(len(x)), 1)
+    again = _train_step(plain, x[order], labels[order])[1]
+    plain.load_state_dict(state)  # the running statistics of one step, as the fused model's
+    return {k: float(np.abs(again[k] - grads[k]).max()) for k in grads}
+
+
 def _assert_same_step(fused, plain, x, labels):
-    """One training step of both models: the same loss, parameter gradients and running statistics."""
+    """One training step of both models: the same loss, parameter gradients and running statistics. A gradient
+    may differ by RTOL relative or by 4x the reference's own reordering noise (:func:`_reorder_noise`),
+    whichever is larger: the fused kernels sum and evaluate the activation derivative in another order."""
     got, want = _train_step(fused, x, labels), _train_step(plain, x, labels)
+    noise = _reorder_noise(plain, x, labels, want[1])
     _rel_close(got[0], want[0], RTOL, "loss")
     assert got[1].keys() == want[1].keys()
     for k in want[1]:
-        _rel_close(got[1][k], want[1][k], RTOL, f"gradient of {k}", _grad_scale(want[1], k))
+        _rel_close(got[1][k], want[1][k], RTOL, f"gradient of {k}",
+                   max(_grad_scale(want[1], k), 4 * noise[k] / RTOL))
     assert got[2].keys() == want[2].keys()
     for k in want[2]:
         _rel_close(got[2][k], want[2][k], RTOL, k)
@@ -148,7 +182,7 @@ def test_fused_family_equals_unfused(case, monkeypatch):
     assert list(fused.state_dict()) == list(plain.state_dict())
     assert [n for n, _ in fused.named_modules()] == [n for n, _ in plain.named_modules()]
 
-    x, labels = _batch()
+    x, labels = _batch(size=INPUT_SIZE.get(case, 32))
     _assert_same_step(fused, plain, x, labels)
 
     # eval: the same output, and after the family's deploy folding (every BN folded into its conv)
@@ -165,7 +199,8 @@ def test_other_bn_kinds_fuse(norm, cls, monkeypatch):
     model = _randomized(_build("regnety", True, monkeypatch, norm=norm))
     acts = [m for m in model.modules() if has_act(m)]
     assert len(acts) == sum(_expected_acts("regnety").values()) and all(type(m) is cls for m in acts)
-    plain = _build("regnety", False, monkeypatch, norm=norm)
+    plain = _without_dropout(_build("regnety", False, monkeypatch, norm=norm))
+    _without_dropout(model)
     plain.load_state_dict(model.state_dict())
     x, labels = _batch(seed=2)
     _assert_same_step(model, plain, x, labels)
