@@ -6,7 +6,7 @@ Sections (each configuration one `python -m basebn.train` run of ResNet-20 width
 training images of the section's budget, evaluated on the 10k test set; runs already finished are reused; lr
 0.4 per 128 images, scaled linearly with the batch, cosine, warm-up a tenth of the run; ~75 min on 2 cores):
   small   8000 images, 1 epoch. Batch 4 per process: BN, BRN, GN, SyncBN over 2 MPI ranks, against batch-32 BN
-  large   60000 images, 2 epochs. Batch 512 (lr 0.8) with bn.norm_batch_size 512 / 128 / 32 / 8
+  large   30000 images, 2 epochs. Batch 512 (lr 0.8) with bn.norm_batch_size 512 / 128 / 32 / 8
   accum   30000 images, 1 epoch. 8 x 16 accumulation (bn.accumulation_aware on / off) vs one batch of 128: top-1
           and the drift of the running statistics from the precise-BN population statistics (mean |mean shift|
           / std over layers)
@@ -35,7 +35,7 @@ CONFIG = os.path.join(ROOT, "configs", "fmnist_resnet20.py")
 
 
 # (training images, epochs) per section: batch 4 is per-call-overhead bound (~70 ms a step), batch 512 is not
-BUDGET = {"small": (8000, 1), "large": (60000, 2), "accum": (30000, 1), "freeze": (30000, 3)}
+BUDGET = {"small": (8000, 1), "large": (30000, 2), "accum": (30000, 1), "freeze": (30000, 3)}
 
 
 def _lr(batch):
