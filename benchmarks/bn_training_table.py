@@ -101,13 +101,14 @@ def drift(out, overrides, samples):
     ds, loader = build_data(cfg, train=True)
     model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
     load_weights(model, os.path.join(out, "final.npz"))
+    loader.set_epoch(0)
     d = population_drift(model, loader, samples)
     return float(np.mean([v["mean_shift"] for v in d.values()]))
 
 
-def _cell(values):
+def _cell(values, fmt=".2f"):
     v = np.asarray(values)
-    return f"{v.mean():.2f} [{v.min():.2f}, {v.max():.2f}]"
+    return f"{v.mean():{fmt}} [{v.min():{fmt}}, {v.max():{fmt}}]"
 
 
 def _diff(values, ref):
@@ -134,7 +135,7 @@ def table(section, args):
         top1 = [x[0] for x in r]
         row = f"| {label} | {_cell(top1)} | {'-' if label == ref_label else _diff(top1, ref)} |"
         if with_drift:
-            row += f" {_cell(drifts[label])} |"
+            row += f" {_cell(drifts[label], '.4f')} |"
         print(row)
     return {label: [x[0] for x in r] for label, r in results.items()}
 
