@@ -38,6 +38,7 @@ Table: medians over ``--repeats`` processes, MiB.
 """
 import argparse
 import gc
+import inspect
 import json
 import os
 import statistics
@@ -166,22 +167,7 @@ _TORCH_SPLIT = "\ntorch.manual_seed(0)"  # TORCH_WORKER: model code (imports, cl
 
 TORCH_MEASURE = r'''
 import gc, os, sys, time
-
-def _status():
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, val = line.split(":")
-                out[key] = int(val.split()[0]) / 1024.0
-    return out
-
-def _reset_peak():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    s = _status()
-    return abs(s["VmHWM"] - s["VmRSS"]) < 1.0
-
+''' + inspect.getsource(_status) + inspect.getsource(_reset_peak) + r'''
 key, scale, lr, momentum, wd, warmup = (sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]),
                                         float(sys.argv[5]), int(sys.argv[6]))
 torch.manual_seed(0)

@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 
 import megengine as mge
-import megengine.functional as F
-from megengine.autodiff import GradManager
 
 import basebn.layers.bn_act as bn_act_module
 import basebn.models.resnet as resnet_module
@@ -24,6 +22,7 @@ from basebn.layers import (
 from basebn.layers.bn_act import has_act
 from basebn.layers.norm import is_bn2d
 from basebn.models import build_model
+from tests.support.train_step import train_step
 
 
 def _resnet(fused, monkeypatch, name="resnet20", **kw):
@@ -63,18 +62,6 @@ def _batch(seed=1, n=8, shape=(1, 28, 28)):
             rng.integers(0, 10, n).astype(np.int32))
 
 
-def _train_step(model, x, labels):
-    """One training step's loss, parameter gradients and BN running statistics (numpy)."""
-    model.train()
-    gm = GradManager().attach(model.parameters())
-    with gm:
-        loss = F.nn.cross_entropy(model(mge.tensor(x)), mge.tensor(labels))
-        gm.backward(loss)
-    grads = {k: p.grad.numpy() for k, p in model.named_parameters()}
-    stats = {k: v for k, v in model.state_dict().items() if k.endswith(("running_mean", "running_var"))}
-    return float(loss.numpy()), grads, stats
-
-
 def _rel_close(a, b, rtol, what):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     err, scale = np.abs(a - b).max(), np.abs(b).max()
@@ -100,7 +87,7 @@ def test_train_step_equals_unfused(backend, monkeypatch, name, shape):
     plain = _resnet(False, monkeypatch, name)
     plain.load_state_dict(fused.state_dict())
     x, labels = _batch(shape=shape)
-    got, want = _train_step(fused, x, labels), _train_step(plain, x, labels)
+    got, want = train_step(fused, x, labels), train_step(plain, x, labels)
     _rel_close(got[0], want[0], 1e-5, "loss")
     assert got[1].keys() == want[1].keys()
     for k in want[1]:
@@ -119,7 +106,7 @@ def test_train_step_is_bitwise_reproducible(monkeypatch):
     for _ in range(2):
         model = _resnet20(True, monkeypatch)
         model.load_state_dict(weights)
-        runs.append(_train_step(model, x, labels))
+        runs.append(train_step(model, x, labels))
     assert runs[0][0] == runs[1][0]
     for k in runs[0][1]:
         np.testing.assert_array_equal(runs[0][1][k], runs[1][1][k], err_msg=k)
@@ -159,7 +146,7 @@ def test_anynet_resnets_step_equals_unfused(backend, monkeypatch, name):
     plain.load_state_dict(fused.state_dict())
     rng = np.random.default_rng(6)
     x, labels = rng.standard_normal((4, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, 4).astype(np.int32)
-    got, want = _train_step(fused, x, labels), _train_step(plain, x, labels)
+    got, want = train_step(fused, x, labels), train_step(plain, x, labels)
     _rel_close(got[0], want[0], 1e-5, "loss")
     for k in want[1]:
         _rel_close(got[1][k], want[1][k], 1e-5, f"gradient of {k}")

@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 
 import megengine as mge
-import megengine.functional as F
-from megengine.autodiff import GradManager
 
 import basebn.layers.bn_act as bn_act_module
 from basebn.layers import bn_ops, fuse_conv_bn
@@ -21,6 +19,7 @@ from basebn.layers.bn_act import FrozenBatchNormAct2d, SyncBatchNormAct2d, has_a
 from basebn.layers.norm import is_bn
 from basebn.models import build_model, reparameterize
 from basebn.models.regnet import RegNet
+from tests.support.train_step import train_step
 
 RTOL = 1e-5
 # three stages (the third fuses three scales: a two-step down path), one block per branch, narrow
@@ -109,20 +108,6 @@ def _batch(seed=1, n=4, size=32):
     return rng.standard_normal((n, 3, size, size)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
 
 
-def _train_step(model, x, labels):
-    """One training step's loss, parameter gradients and BN running statistics (numpy); dropout and drop path
-    draw the same masks for every model (a fixed seed)."""
-    model.train()
-    mge.random.seed(0)
-    gm = GradManager().attach(model.parameters())
-    with gm:
-        loss = F.nn.cross_entropy(model(mge.tensor(x)), mge.tensor(labels))
-        gm.backward(loss)
-    grads = {k: p.grad.numpy() for k, p in model.named_parameters()}
-    stats = {k: v for k, v in model.state_dict().items() if k.endswith(("running_mean", "running_var"))}
-    return float(loss.numpy()), grads, stats
-
-
 def _rel_close(a, b, rtol, what, scale=0.0):
     """max |a - b| <= rtol * max(|b|, scale)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -148,7 +133,7 @@ def _reorder_noise(plain, x, labels, grads):
         p.grad = None  # MegEngine accumulates gradients
     state = {k: np.array(v) for k, v in plain.state_dict().items()}
     order = np.roll(np.arange(len(x)), 1)
-    again = _train_step(plain, x[order], labels[order])[1]
+    again = train_step(plain, x[order], labels[order])[1]
     plain.load_state_dict(state)  # the running statistics of one step, as the fused model's
     return {k: float(np.abs(again[k] - grads[k]).max()) for k in grads}
 
@@ -157,7 +142,7 @@ def _assert_same_step(fused, plain, x, labels):
     """One training step of both models: the same loss, parameter gradients and running statistics. A gradient
     may differ by RTOL relative or by 4x the reference's own reordering noise (:func:`_reorder_noise`),
     whichever is larger: the fused kernels sum and evaluate the activation derivative in another order."""
-    got, want = _train_step(fused, x, labels), _train_step(plain, x, labels)
+    got, want = train_step(fused, x, labels), train_step(plain, x, labels)
     noise = _reorder_noise(plain, x, labels, want[1])
     _rel_close(got[0], want[0], RTOL, "loss")
     assert got[1].keys() == want[1].keys()
