@@ -167,7 +167,7 @@ _TORCH_SPLIT = "\ntorch.manual_seed(0)"  # TORCH_WORKER: model code (imports, cl
 
 TORCH_MEASURE = r'''
 import gc, os, sys, time
-''' + inspect.getsource(_status) + inspect.getsource(_reset_peak) + r'''
+''' + inspect.getsource(_status) + inspect.getsource(_reset_peak) + inspect.getsource(_measure) + r'''
 key, scale, lr, momentum, wd, warmup = (sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]),
                                         float(sys.argv[5]), int(sys.argv[6]))
 torch.manual_seed(0)
@@ -216,23 +216,10 @@ def saved_activation_bytes():
 for _ in range(warmup):
     step()
 forward_only()
-gc.collect()
-ok = _reset_peak()
-base = _status()["VmRSS"]
-t0 = time.perf_counter()
-step(mark=True)
-dt = time.perf_counter() - t0
-s = _status()
-gc.collect()
-_reset_peak()
-fbase = _status()["VmRSS"]
-forward_only()
-fwd = _status()["VmHWM"] - fbase
-saved = saved_activation_bytes()
-print(MARK + json.dumps(dict(params=sum(p.numel() for p in model.parameters()), fused_layers=0, batch=shape[0],
-                             reset_ok=ok, baseline=base, kept=mems["kept"] - base, peak=s["VmHWM"] - base,
-                             after=s["VmRSS"] - base, fwd=fwd, step_s=dt, saved=saved / 2 ** 20,
-                             version=torch.__version__, threads=torch.get_num_threads())), flush=True)
+res = _measure(step, forward_only, mems, lambda: None, params=sum(p.numel() for p in model.parameters()),
+               fused_layers=0, batch=shape[0])
+res.update(saved=saved_activation_bytes() / 2 ** 20, version=torch.__version__, threads=torch.get_num_threads())
+print(MARK + json.dumps(res), flush=True)
 '''
 
 
