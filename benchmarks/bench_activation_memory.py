@@ -51,6 +51,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import basebn.layers.bn_act as bn_act  # noqa: E402
+import basebn.models  # noqa: E402,F401  (imports the model families, and with them their ``with_act`` names)
+from basebn.layers.bn_act import has_act  # noqa: E402
 from benchmarks import bench_train_step as bts  # noqa: E402
 
 MARK = bts.MARK
@@ -82,9 +85,6 @@ def _reset_peak():
 # ------------------------------------------------------------------------------------ basebn runner
 def _unfused_patch():
     """Replace ``with_act`` by ``lambda norm, act: norm`` wherever basebn holds it; returns an undo function."""
-    import basebn.layers.bn_act as bn_act
-    import basebn.models  # noqa: F401  (imports the model families, and with them their ``with_act`` names)
-
     original, patched = bn_act.with_act, []
     for name, mod in list(sys.modules.items()):
         if (name == "basebn" or name.startswith("basebn.")) and getattr(mod, "with_act", None) is original:
@@ -100,7 +100,6 @@ def _unfused_patch():
 def megengine_worker(args):
     import megengine as mge
     import megengine.functional as F
-    from basebn.layers.bn_act import has_act
 
     if args.batch_scale != 1:
         name, kw, shape, batch, classes = bts.MODELS[args.model]
