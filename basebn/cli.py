@@ -22,6 +22,7 @@ from .checkpoint import CheckpointError
 from .config import ConfigError
 from .data import DataError
 from .engine.run_dir import RunDirError
+from .utils.cpu_runtime import tune_cpu_runtime
 from .zoo import ZooError
 
 __all__ = ["USER_ERRORS", "Terminated", "cli_main", "quiet_device_probe"]
@@ -40,13 +41,16 @@ class Terminated(KeyboardInterrupt):
 
 def quiet_device_probe():
     """Probe for CUDA once with stderr silenced: on a CPU machine MegEngine prints a five-line banner and
-    `debug: failed to load cuda func` lines at its first device query; after the probe nothing is silenced."""
+    `debug: failed to load cuda func` lines at its first device query; after the probe nothing is silenced.
+    Without CUDA, :func:`.utils.cpu_runtime.tune_cpu_runtime` runs before the probe's first operation (which
+    reads the worker spin; MegEngine's warning that names the spin goes to the silenced stderr)."""
     sys.stderr.flush()
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        mge.is_cuda_available()
+        if not mge.is_cuda_available():
+            tune_cpu_runtime()
         mge.tensor(0).numpy()
     finally:
         os.dup2(saved, 2)

@@ -1,13 +1,15 @@
 """One CPU training step (forward, backward, SGD update, loss.item()): basebn vs plain MegEngine vs PyTorch.
 
     .venv/bin/python benchmarks/bench_train_step.py [--models resnet20 resnet18 mbnetv2] [--threads 1 2]
-        [--runners basebn mge torch torchc]
+        [--runners basebn basebn-untuned mge torch torchc]
         [--rounds 4] [--steps 2] [--warmup 2] [--torch-python PY | --install-torch] [--json OUT] [--profile]
 
 Models: ResNet-20 width 16 (small stem) on 1x28x28 batch 128; ResNet-18 (ImageNet stem) on 3x112x112
 batch 32; MobileNetV2 x1.0 on 3x112x112 batch 32. Runners, each in its own process with the same
 thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
-  basebn  build_model(...) as the trainer builds it (basebn Conv2d, BatchNorm2d), build_optimizer's SGD
+  basebn  build_model(...) as the trainer builds it (basebn Conv2d, BatchNorm2d), build_optimizer's SGD, in a
+          process started as the CLIs start (basebn.utils.cpu_runtime.tune_cpu_runtime)
+  basebn-untuned  the same with MegEngine's and glibc's default worker spin and malloc settings
   mge     the same model with every conv / BN turned into plain M.Conv2d / M.BatchNorm2d, MegEngine's SGD
   torch   a hand-written PyTorch equivalent (same shapes; parameter counts printed), SGD with the same
           momentum / weight decay groups; run with --torch-python (or --install-torch: CACHE/torchvenv)
@@ -43,6 +45,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import basebn.layers.conv as conv_module  # noqa: E402
+from basebn.cli import quiet_device_probe  # noqa: E402
 from basebn.config import BaseConfig  # noqa: E402
 from basebn.engine.ema import ModelEMA  # noqa: E402
 from basebn.engine.optimizer import build_optimizer, param_groups  # noqa: E402
@@ -249,8 +252,12 @@ def op_kind(name, part):
 
 
 def worker_main(args):
-    """A MegEngine runner serving commands on stdin: run N steps, profile, quit."""
-    runner = MegEngineRunner(args.worker, args.model, args.device)
+    """A MegEngine runner serving commands on stdin: run N steps, profile, quit. ``basebn`` starts as the CLIs
+    do (quiet_device_probe: tune_cpu_runtime before the first operation); ``basebn-untuned`` and ``mge`` keep
+    MegEngine's and glibc's defaults."""
+    if args.worker == "basebn":
+        quiet_device_probe()
+    runner = MegEngineRunner("basebn" if args.worker == "basebn-untuned" else args.worker, args.model, args.device)
     for _ in range(args.warmup):
         runner.step()
     _reply({"ready": True, "params": runner.params})
@@ -527,7 +534,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"], choices=["basebn", "mge", "torch", "torchc"],
+    ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"], choices=["basebn", "basebn-untuned", "mge", "torch", "torchc"],
                     help="torchc: PyTorch with torch.compile (inductor, CPU), the higher anchor")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per runner per round")
@@ -538,7 +545,7 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="also profile basebn's step and PyTorch's")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--worker", choices=["basebn", "mge"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["basebn", "basebn-untuned", "mge"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--device", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -576,11 +583,12 @@ def main(argv=None):
 
 
 def print_row(res, header):
-    """One table line: median / min ms per runner, ratios of medians to torch (eager) and to torch.compile."""
+    """One table line: median / min ms per runner, ratios of medians to torch (eager), basebn's to torch.compile."""
+    names = list(res["times"])
+    ratios = [k for k in names if k not in ("torch", "torchc")]
     if header:
-        print(f"\n{'model':9s} {'thr':>3s} {'device':>14s}  {'basebn med/min ms':>18s} {'mge med/min ms':>16s} "
-              f"{'torch med/min ms':>17s} {'compiled med/min':>17s} {'basebn/torch':>12s} {'mge/torch':>9s} "
-              f"{'basebn/compiled':>15s}  params b/m/t")
+        print(f"\n{'model':9s} {'thr':>3s} {'device':>14s}  " + " ".join(f"{k + ' med/min':>20s}" for k in names)
+              + " " + " ".join(f"{k + '/torch':>18s}" for k in ratios) + f" {'basebn/compiled':>15s}  params")
     t = res["times"]
     med = {k: statistics.median(v) * 1e3 for k, v in t.items() if v}
     mn = {k: min(v) * 1e3 for k, v in t.items() if v}
@@ -591,11 +599,10 @@ def print_row(res, header):
     def ratio(k, w, ref="torch"):
         return f"{med[k] / med[ref]:.2f}x".rjust(w) if k in med and ref in med else "-".rjust(w)
 
-    p = res["params"]
-    print(f"{res['model']:9s} {res['threads']:3d} {res['mge_device']:>14s}  {cell('basebn', 18)} {cell('mge', 16)} "
-          f"{cell('torch', 17)} {cell('torchc', 17)} {ratio('basebn', 12)} {ratio('mge', 9)} "
-          f"{ratio('basebn', 15, 'torchc')}  "
-          f"{'/'.join(str(p.get(k, '-')) for k in ('basebn', 'mge', 'torch'))}", flush=True)
+    print(f"{res['model']:9s} {res['threads']:3d} {res['mge_device']:>14s}  " + " ".join(cell(k, 20) for k in names)
+          + " " + " ".join(ratio(k, 18) for k in ratios) + f" {ratio('basebn', 15, 'torchc')}  "
+          + "/".join(str(v) for v in res["params"].values()), flush=True)
+
 
 if __name__ == "__main__":
     main()
