@@ -53,7 +53,9 @@ else:
     sys.path.insert(0, sys.argv[6])
     import megengine as mge
     from megengine.autodiff import GradManager
+    from basebn.cli import quiet_device_probe
     from basebn.layers import BatchNorm2d, BatchNormAct2d
+    quiet_device_probe()  # as the CLIs start: tune_cpu_runtime before the first operation
     bn = BatchNorm2d(c) if case == "bn" else BatchNormAct2d(c, act="relu")
     x, s, dy = mge.tensor(x0), mge.tensor(s0), mge.tensor(dy0)
     gm = GradManager().attach(list(bn.parameters()) + [x, s])

@@ -244,6 +244,8 @@ def op_kind(name, part):
         return "BN fwd (kernels)"
     if name in ("BasebnBnBackwardReduce", "BasebnBnBackwardElemt", "BatchNormBackward"):
         return "BN bwd (kernels)"
+    if name.startswith("BasebnBn") and "Act" in name:  # the fused BN -> activation [+ shortcut] ops
+        return "fused BN-act bwd (kernels)" if "Backward" in name else "fused BN-act fwd (kernels)"
     if name in ("RELU", "SWITCH_GT0", "FUSE_ADD_RELU", "ADD", "RELU6", "RELU6_GRAD", "CLIP", "MIN", "MAX"):
         return "ReLU/add/clip (elementwise)"
     if name in ("HostToDevice", "DeviceToHost", "GetValue", "Copy"):
