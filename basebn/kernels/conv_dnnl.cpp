@@ -30,6 +30,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "dnnl_runtime.h"
 #include "megbrain/custom/custom.h"
 #include "queued_work.h"
 #include "strided_copy.h"
@@ -137,10 +138,7 @@ Shape weight_shape(const Geom& g) {
 }
 
 // ------------------------------------------------------------------ primitives and their cache
-dnnl::engine& engine() {
-    static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-    return e;
-}
+using dnnl_rt::engine;  // (dnnl_runtime.h)
 
 // One user-visible tensor of a call and, when the primitive wants another layout, the reorder
 // to (input) or from (output) an arena buffer of that layout.
@@ -251,18 +249,7 @@ std::mutex g_mutex;
 std::map<std::vector<dim>, std::unique_ptr<Entry>> g_cache;
 Arena g_arena;
 
-// Threads for this call: $BASEBN_NUM_THREADS, else the OpenMP default seen on the first call.
-int set_threads() {
-    static const int default_threads = omp_get_max_threads();
-    int n = default_threads;
-    if (const char* env = std::getenv("BASEBN_NUM_THREADS")) {
-        const int v = std::atoi(env);
-        if (v > 0)
-            n = v;
-    }
-    omp_set_num_threads(n);
-    return n;
-}
+using dnnl_rt::set_threads;  // $BASEBN_NUM_THREADS, else the OpenMP default (dnnl_runtime.h)
 
 Entry& entry(Kind kind, const Geom& g, int threads) {
     const std::vector<dim> key = {kind, g.N, g.C, g.H, g.W, g.O, g.KH, g.KW, g.SH, g.SW, g.PH, g.PW,

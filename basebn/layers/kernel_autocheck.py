@@ -26,7 +26,7 @@ SELFCHECK_ENV = "BASEBN_SELFCHECK"
 _FORMAT = 1  # bump when the quick check changes: older cached verdicts are then redone
 _FALLBACK = {  # family -> (what, environment variable, value that switches to the MegEngine path, that path)
     "bn": ("the BN kernels", "BASEBN_BN_BACKEND", "fallback", "the pure-MegEngine BN ops"),
-    "conv": ("the oneDNN conv ops", "BASEBN_CONV_BACKEND", "megengine", "MegEngine's conv"),
+    "conv": ("the oneDNN conv and max-pool ops", "BASEBN_CONV_BACKEND", "megengine", "MegEngine's conv and max pool"),
 }
 _checked = {}  # (device, build dir) -> {family: verdict dict}, this process
 

@@ -1,11 +1,11 @@
 """What the custom-op library (:mod:`.kernel_library`) is built from, and where its build is cached.
 
-Sources in ``basebn/kernels/`` (``$BASEBN_KERNEL_DIR``); the oneDNN conv ops (``conv_dnnl.cpp``) are
-compiled in when :func:`find_onednn` finds oneDNN and no build with it failed before; the CUDA part
-when a GPU and a toolkit are found (:func:`cuda_wanted`). :func:`kernel_build_spec` gives the
-:class:`KernelBuildSpec`, whose ``build_dir`` under :func:`kernel_cache_root` is keyed by the hash of
-the sources, headers, flags, MegEngine version, custom-op ABI and oneDNN root/version (not of this
-Python file). Nothing here compiles or loads anything.
+Sources in ``basebn/kernels/`` (``$BASEBN_KERNEL_DIR``); the oneDNN conv and max-pool ops
+(``conv_dnnl.cpp``, ``pool_dnnl.cpp``) are compiled in when :func:`find_onednn` finds oneDNN and no
+build with it failed before; the CUDA part when a GPU and a toolkit are found (:func:`cuda_wanted`).
+:func:`kernel_build_spec` gives the :class:`KernelBuildSpec`, whose ``build_dir`` under
+:func:`kernel_cache_root` is keyed by the hash of the sources, headers, flags, MegEngine version,
+custom-op ABI and oneDNN root/version (not of this Python file). Nothing here compiles or loads anything.
 """
 import glob
 import hashlib
@@ -43,7 +43,8 @@ _CPU_SOURCES = ("bn_ops.cpp", "bn_cpu.cpp", "bn_act_cpu.cpp")
 _CUDA_SOURCES = ("bn_cuda.cu", "bn_cuda_launch.cu")  # the MegEngine glue, the standalone launchers
 _CUDA_HEADERS = ("bn_cuda_launch.h", "bn_cuda_kernels.cuh")  # (hashed in CUDA builds only)
 _HEADERS = ("bn_math.h", "bn_kernels.h", "bn_act_kernels.h", "strided_copy.h", "queued_work.h")
-_DNNL_SOURCES = ("conv_dnnl.cpp",)
+_DNNL_SOURCES = ("conv_dnnl.cpp", "pool_dnnl.cpp")  # the oneDNN conv ops, the max-pool ops
+_DNNL_HEADERS = ("dnnl_runtime.h",)  # (hashed in oneDNN builds only: the BN-only key stays)
 _LIB_NAME = "basebn_bn"
 _DNNL_LIB_NAME = "basebn_bn_dnnl"  # another name: a failed oneDNN build can be followed by the BN-only one
 _DNNL_FAILED = "dnnl_failed.txt"
@@ -129,7 +130,7 @@ def no_onednn_reason(with_cuda):
                 f"onednn-devel-cpu-gomp, or set ${_ENV_ONEDNN})")
     path = os.path.join(kernel_build_spec(with_cuda, onednn=found).build_dir, _DNNL_FAILED)
     if not os.path.exists(path):
-        return "conv_dnnl.cpp is missing from the kernel sources"
+        return f"one of {', '.join(_DNNL_SOURCES)} is missing from the kernel sources"
     with open(path) as f:
         return f.read().strip() + f" (recorded in {path}; delete it to retry)"
 
@@ -235,6 +236,7 @@ def kernel_build_spec(with_cuda, cuda_archs=CUDA_ARCHS, onednn=_AUTO):
     include_dirs = [src_dir]
     if onednn is not None:
         sources += [os.path.join(src_dir, f) for f in _DNNL_SOURCES]
+        headers += [os.path.join(src_dir, f) for f in _DNNL_HEADERS]
         # -fopenmp: the conv ops set the thread count of libdnnl's OpenMP (GNU) runtime
         cflags += ["-DBASEBN_WITH_DNNL", "-fopenmp"]
         include_dirs.append(onednn.include_dir)

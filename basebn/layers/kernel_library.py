@@ -1,11 +1,12 @@
-"""The one custom-op library: the C++/CUDA BN kernels and the oneDNN conv ops (sources in ``basebn/kernels/``).
+"""The one custom-op library: the C++/CUDA BN kernels and the oneDNN conv and max-pool ops (``basebn/kernels/``).
 
-MegEngine loads one custom-op library per process, so :mod:`.bn_ops` and :mod:`.conv_ops` share this
-one, built as :func:`.kernel_build.kernel_build_spec` says into its cache directory (an flock
+MegEngine loads one custom-op library per process, so :mod:`.bn_ops`, :mod:`.conv_ops` and :mod:`.pool_ops`
+share this one, built as :func:`.kernel_build.kernel_build_spec` says into its cache directory (an flock
 serialises concurrent builds) and loaded once per process (:func:`load_kernels` remembers the library
 or the error). The conv ops are compiled in when oneDNN is found; if that build fails, the BN-only
 library is built instead and the failure is recorded in the cache (:func:`conv_kernel_error` says
-why), so later processes skip it.
+why), so later processes skip it. The max-pool ops build with the conv ops: :func:`conv_kernel_available`
+covers both.
 :func:`wait_for_inputs` is what every op launch does first. Environment: ``BASEBN_KERNEL_CACHE``,
 ``BASEBN_KERNEL_DIR``, ``BASEBN_KERNEL_CUDA=0``, ``BASEBN_ONEDNN_ROOT``, ``OMP_WAIT_POLICY``
 (:func:`set_default_omp_wait_policy`); ``BASEBN_NUM_THREADS`` is read by the CPU kernels.
@@ -39,6 +40,7 @@ __all__ = [
     "OP_NAMES",
     "ACT_OP_NAMES",
     "CONV_OP_NAMES",
+    "POOL_OP_NAMES",
     "set_default_omp_wait_policy",
     "load_kernels",
     "kernel_library",
@@ -46,6 +48,7 @@ __all__ = [
     "kernel_error",
     "conv_kernel_available",
     "conv_kernel_error",
+    "symbolic_tracing",
     "wait_for_inputs",
 ]
 
@@ -54,6 +57,7 @@ OP_NAMES = ("BasebnBnStats", "BasebnBnNormalize", "BasebnBnBackwardReduce", "Bas
 ACT_OP_NAMES = ("BasebnBnActNormalize", "BasebnBnAddActNormalize", "BasebnBnActBackwardReduce",
                 "BasebnBnActBackwardElemt", "BasebnBnAddActBackwardElemt")
 CONV_OP_NAMES = ("BasebnConvFwd", "BasebnConvBwdData", "BasebnConvBwdFilter")  # only with oneDNN
+POOL_OP_NAMES = ("BasebnMaxPoolFwd", "BasebnMaxPoolBwd")  # only with oneDNN (basebn/kernels/pool_dnnl.cpp)
 
 
 class KernelUnavailableError(RuntimeError):
@@ -137,7 +141,7 @@ def _load_spec(spec):
                     f.write(lib_path + "\n")
         finally:
             _flock(lock_file, False)
-    for op in OP_NAMES + ACT_OP_NAMES + (CONV_OP_NAMES if spec.onednn is not None else ()):
+    for op in OP_NAMES + ACT_OP_NAMES + (CONV_OP_NAMES + POOL_OP_NAMES if spec.onednn is not None else ()):
         if not hasattr(custom, op):
             raise RuntimeError(f"custom op {op} missing after loading {lib_path}")
     return {"path": lib_path, "cuda": spec.with_cuda, "build_dir": spec.build_dir,
@@ -206,7 +210,7 @@ def kernel_error():
 
 
 def conv_kernel_available():
-    """True when the oneDNN conv ops are built into the loaded kernel library."""
+    """True when the oneDNN conv ops (and with them the max-pool ops) are built into the loaded kernel library."""
     lib = load_kernels(warn=False)
     return bool(lib is not None and lib.get("conv"))
 
@@ -219,7 +223,7 @@ def conv_kernel_error():
     return lib.get("conv_error")
 
 
-def _symbolic_tracing():
+def symbolic_tracing():
     """Inside ``jit.trace(symbolic=True)`` (values do not exist yet; _dev_tensor() would crash)."""
     if not tracing.is_tracing():
         return False
@@ -238,7 +242,7 @@ def wait_for_inputs(*tensors):
     and ``_full_sync()`` drains the queue. The library must be loaded (:func:`load_kernels`).
     """
     lib = load_kernels()
-    if lib["self_sync"] or _symbolic_tracing():
+    if lib["self_sync"] or symbolic_tracing():
         return
     for t in tensors:
         if t is not None:

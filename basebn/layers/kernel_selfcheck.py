@@ -3,7 +3,8 @@
 :func:`run_selfcheck` gives one :class:`CheckRow` per op: the BN ops (:mod:`.bn_ops`, kernel vs fallback;
 float32 and float16, 2D-5D, strided gather path, non-contiguous, N=1, C=1) and the fused BN-activation ops
 on the same cases, the oneDNN conv ops vs
-``F.conv2d`` and its gradients (CPU), and with several processes :class:`.SyncBatchNorm` on uneven shards
+``F.conv2d`` and its gradients (CPU), the max-pool ops (built with them) vs ``F.max_pool2d`` and its
+gradient on inputs full of ties (CPU), and with several processes :class:`.SyncBatchNorm` on uneven shards
 and an empty rank vs one-process BN of the whole batch. ``rel`` = max|kernel - reference| / max|reference|
 (``abs`` = the numerator); an op fails when rel > its tolerance (:data:`TOLERANCES`) or it raises:
 - ``float32`` 1e-4: both paths accumulate float32 sums (<= ~1e5 terms here) in different orders, a few
@@ -11,6 +12,8 @@ and an empty rank vs one-process BN of the whole batch. ``rel`` = max|kernel - r
 - ``float16`` 4e-3 (float16 outputs): each path rounds to float16 (2**-11 relative), so results may sit
   one float16 ulp (<= 2**-10 of the largest value) apart. Statistics of float16 inputs are float32.
 - ``conv`` 1e-4: float32 sums of <= ~600 products by different algorithms (oneDNN vs MegEngine).
+- ``pool`` 1e-6: y is a copy of one input; dx sums at most a few dy (window overlaps), in the same order as
+  MegEngine; a lost or extra tie moves dx by a whole dy.
 - ``sync_bn`` 1e-4: float64 host merge of per-rank float32 moments vs one float32 reduction.
 The automatic form in training is :mod:`.kernel_autocheck`.
 """
@@ -32,18 +35,21 @@ from . import bn_ops
 from .bn_ops import kernel as bn_kernel
 from .conv_ops import ConvGeometry, conv_backward_data, conv_backward_weights, conv_forward
 from .kernel_library import conv_kernel_available, conv_kernel_error, kernel_error, load_kernels
+from .pool_ops import PoolGeometry, max_pool_backward, max_pool_forward
 from .sync_bn import SyncBatchNorm, local_statistics
 
-__all__ = ["TOLERANCES", "BN_OPS", "BN_ACT_OPS", "CONV_OPS", "FAMILIES", "CheckRow", "device_name", "device_is_gpu",
-           "run_selfcheck", "format_rows"]
+__all__ = ["TOLERANCES", "BN_OPS", "BN_ACT_OPS", "CONV_OPS", "POOL_OPS", "FAMILIES", "CheckRow", "device_name",
+           "device_is_gpu", "run_selfcheck", "format_rows"]
 
-TOLERANCES = {"float32": 1e-4, "float16": 4e-3, "conv": 1e-4, "sync_bn": 1e-4}
+TOLERANCES = {"float32": 1e-4, "float16": 4e-3, "conv": 1e-4, "pool": 1e-6, "sync_bn": 1e-4}
 BN_OPS = ("bn_stats", "bn_normalize", "bn_backward_reduce", "bn_backward_elemt")
 # the fused BN -> activation ops (bn_ops.bn_act_*): in the "bn" family, on the same backend switch
 BN_ACT_OPS = ("bn_act_normalize", "bn_add_act_normalize", "bn_act_backward_reduce", "bn_act_backward_elemt",
               "bn_add_act_backward_elemt")
 CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
-FAMILIES = {"bn": BN_OPS + BN_ACT_OPS, "conv": CONV_OPS, "sync_bn": ("sync_bn",)}
+# the max-pool ops: built with the conv ops and on the same switch ($BASEBN_CONV_BACKEND), so in their family
+POOL_OPS = ("max_pool_fwd", "max_pool_bwd")
+FAMILIES = {"bn": BN_OPS + BN_ACT_OPS, "conv": CONV_OPS + POOL_OPS, "sync_bn": ("sync_bn",)}
 _EPS = 1e-5
 
 
@@ -328,6 +334,52 @@ def _check_conv(quick, reps):
     return [errs[op].row(op, "conv", TOLERANCES["conv"]) for op in CONV_OPS]
 
 
+# ----------------------------------------------------------------------------------- max-pool ops
+def _pool_cases(quick):
+    """(x shape, kernel, stride, padding, layout): layout "contiguous" or "transposed" (a non-contiguous view)."""
+    cases = [((2, 4, 9, 9), 3, 2, 1, "contiguous"), ((2, 3, 8, 8), 2, 2, 0, "contiguous")]
+    if not quick:
+        cases += [((1, 1, 7, 6), 3, 2, 1, "contiguous"), ((3, 5, 9, 7), 3, 2, 1, "transposed"),
+                  ((2, 3, 11, 10), (3, 5), (2, 3), (1, 2), "contiguous"), ((2, 3, 6, 6), 3, 1, 1, "contiguous"),
+                  ((4, 16, 28, 28), 3, 2, 1, "contiguous")]
+    return cases
+
+
+def _megengine_max_pool(x, dy, kernel, stride, pad):
+    """y and dx of MegEngine's max pool (F.max_pool2d and its gradient)."""
+    x = mge.tensor(x)
+    gm = GradManager().attach([x])
+    with gm:
+        y = F.max_pool2d(x, kernel, stride, pad)
+        gm.backward(y, mge.tensor(dy))
+    return y, x.grad
+
+
+def _pair(v):
+    return tuple(v) if isinstance(v, tuple) else (v, v)
+
+
+def _check_pool(quick, reps):
+    """The max-pool ops vs MegEngine's on rectified inputs rounded to a few levels: many windows hold ties."""
+    rng = np.random.default_rng(4)
+    errs = {op: _Errors() for op in POOL_OPS}
+    for xs, kernel, stride, pad, layout in _pool_cases(quick):
+        x = np.maximum(np.round(rng.standard_normal(xs) * 2) / 2, 0).astype(np.float32)
+        geom = PoolGeometry(_pair(kernel), _pair(stride), _pair(pad))
+        dy = rng.standard_normal((xs[0], xs[1]) + geom.output_hw(xs[2:])).astype(np.float32)
+        what = f"x {xs} kernel {kernel} stride {stride} pad {pad} {layout}"
+        (y_ref, dx_ref), t_ref = _timed(lambda: _megengine_max_pool(x, dy, kernel, stride, pad), reps)
+        xt, dyt = _tensor(x, "float32", layout), mge.tensor(dy)
+        y, tk = _timed(lambda: max_pool_forward(xt, geom), reps)
+        errs["max_pool_fwd"].compare(y, y_ref, f"y {what}")
+        dx, tkb = _timed(lambda: max_pool_backward(dyt, xt, y, geom), reps)
+        errs["max_pool_bwd"].compare(dx, dx_ref, f"dx {what}")
+        for op, t in (("max_pool_fwd", tk), ("max_pool_bwd", tkb)):  # (MegEngine's fwd + bwd, timed together)
+            e = errs[op]
+            e.cases, e.kernel_s, e.fallback_s = e.cases + 1, e.kernel_s + t, e.fallback_s + t_ref / 2
+    return [errs[op].row(op, "conv", TOLERANCES["pool"]) for op in POOL_OPS]
+
+
 # --------------------------------------------------------------------------------------- SyncBN
 def _shards(total, world, empty_rank):
     """Per-rank batch sizes: uneven (rank r gets more than rank r + 1), or the last rank empty."""
@@ -420,7 +472,7 @@ def run_selfcheck(quick=False, families=("bn", "conv", "sync_bn")):
         if lib is None:
             reason = f"the kernel library did not build: {kernel_error()}"
         elif family == "conv" and gpu:
-            reason = "the oneDNN conv ops are CPU-only"
+            reason = "the oneDNN conv and max-pool ops are CPU-only"
         elif family == "conv" and not conv_kernel_available():
             reason = conv_kernel_error()
         elif family != "conv" and gpu and not lib["cuda"]:
@@ -430,7 +482,8 @@ def run_selfcheck(quick=False, families=("bn", "conv", "sync_bn")):
         if reason:
             rows += _skipped(family, reason)
             continue
-        check = {"bn": lambda: _check_bn(quick, reps, gpu), "conv": lambda: _check_conv(quick, reps),
+        check = {"bn": lambda: _check_bn(quick, reps, gpu),
+                 "conv": lambda: _check_conv(quick, reps) + _check_pool(quick, reps),
                  "sync_bn": lambda: _check_sync_bn(reps)}[family]
         try:
             rows += check()

@@ -14,6 +14,7 @@ import megengine.module as M
 from ..layers.bn_act import has_act, norm_then_act
 from ..layers.conv_norm_act import ConvNormAct, padded_conv
 from ..layers.drop_path import DropPath
+from ..layers.max_pool import MaxPool2d
 from ..layers.se import SqueezeExcite, se_width
 from .heads import ClsHead
 from .norm_factory import norm_factory
@@ -30,7 +31,7 @@ class ResStem(M.Module):
         super().__init__()
         self.conv = padded_conv(w_in, w_out, 7, stride=2)
         self.bn, self.act = norm_then_act(norm_layer(w_out), act)
-        self.pool = M.MaxPool2d(3, stride=2, padding=1)
+        self.pool = MaxPool2d(3, stride=2, padding=1)
 
     def forward(self, x):
         return self.pool(self.act(self.bn(self.conv(x))))
@@ -45,7 +46,7 @@ class ResDeepStem(M.Module):
         self.a, (self.a_bn, self.a_act) = padded_conv(w_in, w_b, 3, stride=2), norm_then_act(norm_layer(w_b), act)
         self.b, (self.b_bn, self.b_act) = padded_conv(w_b, w_b, 3), norm_then_act(norm_layer(w_b), act)
         self.c, (self.c_bn, self.c_act) = padded_conv(w_b, w_out, 3), norm_then_act(norm_layer(w_out), act)
-        self.pool = M.MaxPool2d(3, stride=2, padding=1)
+        self.pool = MaxPool2d(3, stride=2, padding=1)
 
     def forward(self, x):
         x = self.a_act(self.a_bn(self.a(x)))

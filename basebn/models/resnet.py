@@ -11,6 +11,7 @@ import megengine.module as M
 
 from ..layers.bn_act import norm_act, with_act
 from ..layers.conv import Conv2d
+from ..layers.max_pool import MaxPool2d
 from .norm_factory import norm_factory
 from .weight_init import init_weights_torchvision, zero_init_last_norms
 
@@ -89,7 +90,7 @@ class ResNet(M.Module):
         norm_layer = norm_factory(norm, bn_momentum, bn_eps, self.default_bn_momentum, self.default_bn_eps)
         if stem == "imagenet":
             self.conv1 = Conv2d(in_channels, widths[0], 7, stride=2, padding=3, bias=False)
-            self.maxpool = M.MaxPool2d(3, stride=2, padding=1)
+            self.maxpool = MaxPool2d(3, stride=2, padding=1)
         elif stem == "small":
             self.conv1 = conv3x3(in_channels, widths[0], stride=stem_stride)
             self.maxpool = None

@@ -13,6 +13,7 @@ from ..layers.bn_act import norm_then_act
 from ..layers.channel_shuffle import shuffle_split
 from ..layers.conv_norm_act import padded_conv
 from ..layers.drop_path import DropPath
+from ..layers.max_pool import MaxPool2d
 from ..layers.se import SqueezeExcite, se_width
 from .anynet import SimpleStem
 from .heads import ClsHead, MBV3Head
@@ -76,7 +77,7 @@ class SNetV2(M.Module):
         super().__init__()
         norm_layer = norm_factory(norm, bn_momentum, bn_eps)
         self.stem = SimpleStem(in_channels, stem_w, norm_layer, act)
-        self.maxpool = M.MaxPool2d(3, 2, 1) if use_maxpool else None
+        self.maxpool = MaxPool2d(3, 2, 1) if use_maxpool else None
         self.num_stages = len(depths)
         prev_w, index, total = stem_w, 0, sum(depths)
         for s, (depth, width, stride, kernel) in enumerate(zip(depths, widths, strides, kernels)):

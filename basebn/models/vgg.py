@@ -8,6 +8,7 @@ import megengine.module as M
 
 from ..layers.bn_act import norm_then_act
 from ..layers.conv_norm_act import padded_conv
+from ..layers.max_pool import MaxPool2d
 from .heads import VGGHead
 from .norm_factory import norm_factory
 from .weight_init import init_weights
@@ -25,7 +26,7 @@ class VGGStage(M.Module):
             bn, act_module = norm_then_act(norm_layer(w_out), act)
             setattr(self, f"b{i + 1}", M.Sequential(padded_conv(w_in, w_out, 3), bn, act_module))
             w_in = w_out
-        self.max_pool = M.MaxPool2d(kernel_size=2, stride=2)
+        self.max_pool = MaxPool2d(kernel_size=2, stride=2)
 
     def forward(self, x):
         for i in range(self.depth):

@@ -33,6 +33,7 @@ def test_quick_selfcheck_passes_on_the_real_library():
         assert rows[op]["max_rel"] <= rows[op]["tol"]
     conv = "ok" if kernel_library.conv_kernel_available() else "skip"
     assert [rows[op]["verdict"] for op in kernel_selfcheck.CONV_OPS] == [conv] * 3
+    assert [rows[op]["verdict"] for op in kernel_selfcheck.POOL_OPS] == [conv] * 2  # built with the conv ops
     assert rows["sync_bn"]["verdict"] == "skip"  # one process
 
 
@@ -40,7 +41,8 @@ def test_table_has_one_row_per_op():
     r = _selfcheck("--quick")
     assert r.returncode == 0, r.stdout + r.stderr
     ops = [ln.split()[0] for ln in r.stdout.splitlines()[2:]]
-    assert ops == list(kernel_selfcheck.BN_OPS + kernel_selfcheck.BN_ACT_OPS + kernel_selfcheck.CONV_OPS) + ["sync_bn"]
+    assert ops == list(kernel_selfcheck.BN_OPS + kernel_selfcheck.BN_ACT_OPS + kernel_selfcheck.CONV_OPS
+                       + kernel_selfcheck.POOL_OPS) + ["sync_bn"]
 
 
 def test_unbuildable_library_is_a_one_line_error(tmp_path):
