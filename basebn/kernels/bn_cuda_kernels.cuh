@@ -6,6 +6,7 @@
 // with warp shuffles and shared memory (Chan's formula for the moments).
 // Element-wise kernels (normalize, backward elemt): grid.y walks channels, grid.x/threads walk
 // the N*S elements of a channel; per-channel coefficients are computed once per thread.
+// The plain BN passes are the fused kernels with the identity activation (no shortcut): one kernel each.
 // Non-contiguous inputs (Contig = false) address elements with bn_offset() on the real strides;
 // outputs are always written contiguous (N, C, S).
 #pragma once
@@ -103,72 +104,6 @@ __global__ void stats_kernel(
             m2_out[c] = m2;
         }
         __syncthreads();  // shared scratch is reused by the next channel
-    }
-}
-
-template <typename T, bool Contig>
-__global__ void backward_reduce_kernel(
-        const T* __restrict__ dy, BnLayout Ldy, const T* __restrict__ x, BnLayout Lx,
-        int64_t N, int64_t C, int64_t S, const float* __restrict__ mean,
-        const float* __restrict__ invstd, float* __restrict__ sum_dy,
-        float* __restrict__ sum_dy_xhat) {
-    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
-        const float m = mean[c];
-        float a = 0.f, b = 0.f;
-        for (int64_t i = threadIdx.y; i < N; i += blockDim.y)
-            for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
-                const float g = BnIO<T>::load(dy[elem_offset<Contig>(Ldy, i, c, s, C, S)]);
-                const float xv = BnIO<T>::load(x[elem_offset<Contig>(Lx, i, c, s, C, S)]);
-                a += g;
-                b += g * (xv - m);
-            }
-        block_sum2(a, b);
-        if (threadIdx.x == 0 && threadIdx.y == 0) {
-            sum_dy[c] = a;
-            sum_dy_xhat[c] = b * invstd[c];
-        }
-        __syncthreads();
-    }
-}
-
-template <typename T, bool Contig>
-__global__ void normalize_kernel(
-        const T* __restrict__ x, BnLayout L, int64_t N, int64_t C, int64_t S,
-        const float* __restrict__ mean, const float* __restrict__ invstd,
-        const float* __restrict__ weight, const float* __restrict__ bias, T* __restrict__ y) {
-    const int64_t per_c = N * S;
-    for (int64_t c = blockIdx.y; c < C; c += gridDim.y) {
-        const float m = mean[c];
-        const float sc = bn_norm_scale(invstd[c], weight ? weight[c] : 1.f);
-        const float b = bias ? bias[c] : 0.f;
-        for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < per_c;
-             k += (int64_t)gridDim.x * blockDim.x) {
-            const int64_t n = k / S, s = k - n * S;
-            const float v = BnIO<T>::load(x[elem_offset<Contig>(L, n, c, s, C, S)]);
-            y[(n * C + c) * S + s] = BnIO<T>::store(bn_normalize_elem(v, m, sc, b));
-        }
-    }
-}
-
-template <typename T, bool Contig>
-__global__ void backward_elemt_kernel(
-        const T* __restrict__ dy, BnLayout Ldy, const T* __restrict__ x, BnLayout Lx,
-        int64_t N, int64_t C, int64_t S, const float* __restrict__ mean,
-        const float* __restrict__ invstd, const float* __restrict__ weight,
-        const float* __restrict__ sum_dy, const float* __restrict__ sum_dy_xhat,
-        double inv_count, T* __restrict__ dx) {
-    const int64_t per_c = N * S;
-    for (int64_t c = blockIdx.y; c < C; c += gridDim.y) {
-        const float m = mean[c];
-        const BnElemtCoef k = bn_elemt_coef(
-                invstd[c], weight ? weight[c] : 1.f, sum_dy[c], sum_dy_xhat[c], inv_count);
-        for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < per_c;
-             e += (int64_t)gridDim.x * blockDim.x) {
-            const int64_t n = e / S, s = e - n * S;
-            const float g = BnIO<T>::load(dy[elem_offset<Contig>(Ldy, n, c, s, C, S)]);
-            const float xv = BnIO<T>::load(x[elem_offset<Contig>(Lx, n, c, s, C, S)]);
-            dx[(n * C + c) * S + s] = BnIO<T>::store(bn_elemt_elem(g, xv, m, k));
-        }
     }
 }
 

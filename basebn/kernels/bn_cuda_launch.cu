@@ -145,77 +145,6 @@ extern "C" cudaError_t basebn_bn_cuda_stats(
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t basebn_bn_cuda_normalize(
-        const BasebnBnTensor* x, const float* mean, const float* invstd, const float* weight,
-        const float* bias, void* y, int force_strided, cudaStream_t stream) {
-    if (!valid(x))
-        return cudaErrorInvalidValue;
-    const Dims3 d = dims_of(x);
-    if (numel(d) == 0)
-        return cudaSuccess;
-    if (x->data == nullptr || mean == nullptr || invstd == nullptr || y == nullptr)
-        return cudaErrorInvalidValue;
-    const basebn::BnLayout L = layout_of(x);
-    const bool contig = is_contiguous(x) && !force_strided;
-    dispatch(x->dtype, contig, [&](auto tag, auto contiguous) {
-        using T = decltype(tag);
-        const T* px = static_cast<const T*>(x->data);
-        T* py = static_cast<T*>(y);
-        kern::normalize_kernel<T, decltype(contiguous)::value><<<elem_grid(d), kElemThreads, 0, stream>>>(
-                px, L, d.N, d.C, d.S, mean, invstd, weight, bias, py);
-    });
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t basebn_bn_cuda_backward_reduce(
-        const BasebnBnTensor* dy, const BasebnBnTensor* x, const float* mean, const float* invstd,
-        float* sum_dy, float* sum_dy_xhat, int force_strided, cudaStream_t stream) {
-    if (!valid(x) || !valid(dy) || !same_shape(dy, x) || sum_dy == nullptr || sum_dy_xhat == nullptr)
-        return cudaErrorInvalidValue;
-    const Dims3 d = dims_of(x);
-    if (numel(d) == 0)  // also C == 0
-        return zero_channels(sum_dy, sum_dy_xhat, d.C, stream);
-    if (x->data == nullptr || dy->data == nullptr || mean == nullptr || invstd == nullptr)
-        return cudaErrorInvalidValue;
-    const basebn::BnLayout Lg = layout_of(dy), Lx = layout_of(x);
-    const bool contig = is_contiguous(dy) && is_contiguous(x) && !force_strided;
-    dispatch(x->dtype, contig, [&](auto tag, auto contiguous) {
-        using T = decltype(tag);
-        const T* pg = static_cast<const T*>(dy->data);
-        const T* px = static_cast<const T*>(x->data);
-        kern::backward_reduce_kernel<T, decltype(contiguous)::value><<<reduce_grid(d), reduce_block(d.S), 0, stream>>>(
-                pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, sum_dy, sum_dy_xhat);
-    });
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t basebn_bn_cuda_backward_elemt(
-        const BasebnBnTensor* dy, const BasebnBnTensor* x, const float* mean, const float* invstd,
-        const float* weight, const float* sum_dy, const float* sum_dy_xhat, double count, void* dx,
-        int force_strided, cudaStream_t stream) {
-    if (!valid(x) || !valid(dy) || !same_shape(dy, x))
-        return cudaErrorInvalidValue;
-    const Dims3 d = dims_of(x);
-    if (numel(d) == 0)
-        return cudaSuccess;
-    if (x->data == nullptr || dy->data == nullptr || mean == nullptr || invstd == nullptr ||
-        sum_dy == nullptr || sum_dy_xhat == nullptr || dx == nullptr)
-        return cudaErrorInvalidValue;
-    const basebn::BnLayout Lg = layout_of(dy), Lx = layout_of(x);
-    const bool contig = is_contiguous(dy) && is_contiguous(x) && !force_strided;
-    const double inv_count = count > 0.0 ? 1.0 / count : 0.0;
-    dispatch(x->dtype, contig, [&](auto tag, auto contiguous) {
-        using T = decltype(tag);
-        const T* pg = static_cast<const T*>(dy->data);
-        const T* px = static_cast<const T*>(x->data);
-        T* po = static_cast<T*>(dx);
-        kern::backward_elemt_kernel<T, decltype(contiguous)::value><<<elem_grid(d), kElemThreads, 0, stream>>>(
-                pg, Lg, px, Lx, d.N, d.C, d.S, mean, invstd, weight, sum_dy, sum_dy_xhat,
-                inv_count, po);
-    });
-    return cudaGetLastError();
-}
-
 // ------------------------------------------------------------------ fused BN -> activation
 namespace basebn {
 namespace cuda {
@@ -343,4 +272,27 @@ extern "C" cudaError_t basebn_bn_cuda_act_backward_elemt(
                     static_cast<T*>(dx), nullptr);
     });
     return cudaGetLastError();
+}
+
+// ------------------------------------------------------------------ plain BN passes: the identity activation
+extern "C" cudaError_t basebn_bn_cuda_normalize(
+        const BasebnBnTensor* x, const float* mean, const float* invstd, const float* weight,
+        const float* bias, void* y, int force_strided, cudaStream_t stream) {
+    return basebn_bn_cuda_act_normalize(x, nullptr, mean, invstd, weight, bias, basebn::kBnActIdentity, y, force_strided,
+                                        stream);
+}
+
+extern "C" cudaError_t basebn_bn_cuda_backward_reduce(
+        const BasebnBnTensor* dy, const BasebnBnTensor* x, const float* mean, const float* invstd,
+        float* sum_dy, float* sum_dy_xhat, int force_strided, cudaStream_t stream) {
+    return basebn_bn_cuda_act_backward_reduce(dy, nullptr, x, mean, invstd, nullptr, nullptr, basebn::kBnActIdentity, sum_dy,
+                                              sum_dy_xhat, force_strided, stream);
+}
+
+extern "C" cudaError_t basebn_bn_cuda_backward_elemt(
+        const BasebnBnTensor* dy, const BasebnBnTensor* x, const float* mean, const float* invstd,
+        const float* weight, const float* sum_dy, const float* sum_dy_xhat, double count, void* dx,
+        int force_strided, cudaStream_t stream) {
+    return basebn_bn_cuda_act_backward_elemt(dy, nullptr, x, mean, invstd, weight, nullptr, sum_dy, sum_dy_xhat, count,
+                                             basebn::kBnActIdentity, dx, nullptr, force_strided, stream);
 }
