@@ -32,6 +32,7 @@ from .engine.training_state import restore_training_state
 from .engine.run_record import RunRecord
 from .engine.trainer import NonFiniteLossError
 from .utils.cli_args import MAX_DEVICES, MAX_MACHINES, OneLineArgumentParser, bounded_int
+from .utils.cpu_runtime import use_inline_cpu_device
 from .utils.fs import atomic_write_bytes, remove_stale_tmp
 
 __all__ = ["train", "main"]
@@ -202,6 +203,8 @@ def main(argv=None):
     """CLI entry: parse argv, train (or launch GPU workers); returns the exit code."""
     args = _parse(argv)
     cfg = load_config(args.config, args.overrides)  # fail on bad keys before anything starts
+    if not mge.is_cuda_available() and not cfg.trace:
+        use_inline_cpu_device()  # the custom ops wait for no dispatcher queue (a traced step would not dump)
     if args.resume:
         check_resume(cfg, allow_config_change=args.allow_config_change)
     if args.devices > 1 or args.num_machines > 1:

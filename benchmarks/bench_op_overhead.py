@@ -3,9 +3,10 @@
 Ops on tiny tensors, so that the time is the call, not the arithmetic: basebn's oneDNN conv forward on a
 1x1x1x1 input (conv_ops.conv_forward), basebn's BN statistics op on 2x1x2x2 (bn_ops.bn_stats), and MegEngine's
 ``x + 1``. Each runs ``--calls`` times back to back, then one ``_full_sync``; the figure is the wall time per call
-(dispatch, MegEngine's queues, the custom-op boundary). Two processes take turns round by round: ``tuned``
-starts as the CLIs do (basebn.utils.cpu_runtime.tune_cpu_runtime), ``untuned`` keeps MegEngine's and glibc's
-defaults. Also a 64x64x56x56 conv forward (an output of 51 MB): the part of the boundary that grows with the
+(dispatch, MegEngine's queues, the custom-op boundary). Processes take turns round by round: ``tuned``
+starts as basebn.train does (basebn.utils.cpu_runtime: tune_cpu_runtime's capped spin and kept malloc, then
+use_inline_cpu_device), ``cpu0`` is tuned but stays on MegEngine's cpu0 device (its kernels on a dispatcher
+thread, whose queue a custom op waits for), ``untuned`` keeps MegEngine's and glibc's defaults. Also a 64x64x56x56 conv forward (an output of 51 MB): the part of the boundary that grows with the
 output (a fresh output page-faulted in on every call, untuned).
 
     .venv/bin/python benchmarks/bench_op_overhead.py [--threads 1] [--rounds 5] [--calls 200]
@@ -26,9 +27,11 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 import megengine as mge
-from basebn.utils.cpu_runtime import tune_cpu_runtime
-if sys.argv[2] == "tuned":
+from basebn.utils.cpu_runtime import tune_cpu_runtime, use_inline_cpu_device
+if sys.argv[2] in ("tuned", "cpu0"):
     tune_cpu_runtime()
+if sys.argv[2] == "tuned":
+    use_inline_cpu_device()
 from basebn.layers import bn_ops, conv_ops
 calls = int(sys.argv[3])
 geom = conv_ops.ConvGeometry(stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1)
@@ -39,6 +42,7 @@ bn_x = mge.tensor(np.ones((2, 1, 2, 2), np.float32))
 cases = {"conv 1x1x1x1": (lambda: conv_ops.conv_forward(tiny_x, tiny_w, None, geom), calls),
          "bn_stats 2x1x2x2": (lambda: bn_ops.bn_stats(bn_x), calls),
          "x + 1 (MegEngine)": (lambda: tiny_x + 1, calls),
+         "bn_stats(x + 1) (a custom op fed by MegEngine's)": (lambda: bn_ops.bn_stats(bn_x + 1), calls),
          "conv 64x64x56x56 1x1": (lambda: conv_ops.conv_forward(big_x, big_w, None, geom), max(3, calls // 40))}
 out = {}
 for name, (fn, n) in cases.items():
@@ -68,16 +72,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=200)
     args = ap.parse_args()
-    times = {"tuned": [], "untuned": []}
+    modes = ("tuned", "cpu0", "untuned")
+    times = {m: [] for m in modes}
     for r in range(args.rounds):
-        for mode in (("tuned", "untuned") if r % 2 == 0 else ("untuned", "tuned")):
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
             times[mode].append(run_one(mode, args.threads, args.calls))
-    print(f"| op ({args.threads} thread(s)) | tuned us/call | untuned us/call | tuned / untuned |")
-    print("|---|---|---|---|")
+    print(f"| op ({args.threads} thread(s)) | tuned us/call | tuned on cpu0 | untuned | tuned / cpu0 | tuned / untuned |")
+    print("|---|---|---|---|---|---|")
     for name in times["tuned"][0]:
-        t = statistics.median(x[name] for x in times["tuned"])
-        u = statistics.median(x[name] for x in times["untuned"])
-        print(f"| {name} | {t:.0f} | {u:.0f} | {t / u:.2f}x |")
+        t, c, u = (statistics.median(x[name] for x in times[m]) for m in modes)
+        print(f"| {name} | {t:.0f} | {c:.0f} | {u:.0f} | {t / c:.2f}x | {t / u:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -8,14 +8,15 @@ Models: ResNet-20 width 16 (small stem) on 1x28x28 batch 128; ResNet-18 (ImageNe
 batch 32; MobileNetV2 x1.0 on 3x112x112 batch 32. Runners, each in its own process with the same
 thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
   basebn  build_model(...) as the trainer builds it (basebn Conv2d, BatchNorm2d), build_optimizer's SGD, in a
-          process started as the CLIs start (basebn.utils.cpu_runtime.tune_cpu_runtime)
-  basebn-untuned  the same with MegEngine's and glibc's default worker spin and malloc settings
+          process started as basebn.train starts (tune_cpu_runtime, then use_inline_cpu_device: cpu:default)
+  basebn-untuned  the same with MegEngine's and glibc's default device (cpu0), worker spin and malloc settings
+  basebn-cpu0     tuned, but on MegEngine's cpu0 device (its kernels on a dispatcher thread) instead of cpu:default
   mge     the same model with every conv / BN turned into plain M.Conv2d / M.BatchNorm2d, MegEngine's SGD
   torch   a hand-written PyTorch equivalent (same shapes; parameter counts printed), SGD with the same
           momentum / weight decay groups; run with --torch-python (or --install-torch: CACHE/torchvenv)
   torchc  the PyTorch runner with torch.compile (inductor, CPU; compiled in the warm-up steps): the higher anchor
-MegEngine runs on ``--mge-device`` (default ``cpu0``: the default device the trainer uses; ``multithread``
-= ``multithreadT:0``). Rounds alternate A B C, C B A, ...; each step is timed inside its process
+MegEngine runs on ``--mge-device``: default, the runner's own (``basebn``: cpu:default, as basebn.train;
+``basebn-untuned``, ``basebn-cpu0``, ``mge``: cpu0); ``cpu0`` or ``multithread`` (``multithreadT:0``) for all. Rounds alternate A B C, C B A, ...; each step is timed inside its process
 (medians and minima printed, ratios of medians to torch). ``--profile``: basebn's step split by phase
 (synchronised wall times) and by op kind (MegEngine's profiler with synchronous dispatch, so a kernel's
 span is its compute, not queue waits; the numpy weight gradient and its host copies timed around the
@@ -38,6 +39,7 @@ import megengine.functional as F
 import megengine.module as M
 import megengine.optimizer as optim
 from megengine.autodiff import GradManager
+from megengine.core._imperative_rt.common import CompNode
 from megengine.utils.profiler import Profiler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +53,7 @@ from basebn.engine.ema import ModelEMA  # noqa: E402
 from basebn.engine.optimizer import build_optimizer, param_groups  # noqa: E402
 from basebn.layers.module_tree import replace_modules  # noqa: E402
 from basebn.models import build_model  # noqa: E402
+from basebn.utils.cpu_runtime import use_inline_cpu_device  # noqa: E402
 
 CACHE = os.path.abspath(os.environ.get("BASEBN_BENCH_CACHE")
                         or os.path.join(os.path.expanduser("~"), ".cache", "basebn", "bench"))
@@ -92,7 +95,8 @@ class MegEngineRunner:
     """One model's SGD step in this process, as basebn's trainer does it or in plain MegEngine."""
 
     def __init__(self, kind, model_key, device):
-        mge.set_default_device(device)
+        if device:  # else the device the process started with (tune_cpu_runtime's, or MegEngine's cpu0)
+            CompNode._set_default_device(device)  # (set_default_device's name check refuses "cpu:default")
         name, kwargs, shape, batch, classes = MODELS[model_key]
         mge.random.seed(0)
         model = build_model(name, num_classes=classes, **kwargs)
@@ -256,10 +260,16 @@ def op_kind(name, part):
 def worker_main(args):
     """A MegEngine runner serving commands on stdin: run N steps, profile, quit. ``basebn`` starts as the CLIs
     do (quiet_device_probe: tune_cpu_runtime before the first operation); ``basebn-untuned`` and ``mge`` keep
-    MegEngine's and glibc's defaults."""
-    if args.worker == "basebn":
+    MegEngine's and glibc's defaults; ``basebn`` then runs on MegEngine's inline CPU device as basebn.train
+    (use_inline_cpu_device), ``basebn-cpu0`` stays on cpu0."""
+    if args.worker in ("basebn", "basebn-cpu0"):
         quiet_device_probe()
-    runner = MegEngineRunner("basebn" if args.worker == "basebn-untuned" else args.worker, args.model, args.device)
+    device = args.device
+    if not device and args.worker == "basebn":
+        use_inline_cpu_device()
+    elif not device:
+        device = "cpu0"
+    runner = MegEngineRunner("mge" if args.worker == "mge" else "basebn", args.model, device)
     for _ in range(args.warmup):
         runner.step()
     _reply({"ready": True, "params": runner.params})
@@ -464,7 +474,8 @@ def torch_python(args):
 
 def start_runners(args, model, threads, tmp):
     env = thread_env(threads)
-    device = "cpu0" if args.mge_device == "cpu0" or threads == 1 else f"multithread{threads}:0"
+    device = {"default": "", "cpu0": "cpu0", "multithread": "cpu0" if threads == 1 else f"multithread{threads}:0"}[
+        args.mge_device]
     runners = []
     for kind in args.runners:
         log = os.path.join(tmp, f"{kind}_{model}_{threads}.log")
@@ -536,18 +547,18 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"], choices=["basebn", "basebn-untuned", "mge", "torch", "torchc"],
+    ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"], choices=["basebn", "basebn-untuned", "basebn-cpu0", "mge", "torch", "torchc"],
                     help="torchc: PyTorch with torch.compile (inductor, CPU), the higher anchor")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per runner per round")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--mge-device", choices=["cpu0", "multithread"], default="cpu0")
+    ap.add_argument("--mge-device", choices=["default", "cpu0", "multithread"], default="default")
     ap.add_argument("--torch-python", help="a python with torch (else CACHE/torchvenv)")
     ap.add_argument("--install-torch", action="store_true", help="create CACHE/torchvenv and pip install torch")
     ap.add_argument("--profile", action="store_true", help="also profile basebn's step and PyTorch's")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--worker", choices=["basebn", "basebn-untuned", "mge"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["basebn", "basebn-untuned", "basebn-cpu0", "mge"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--device", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -564,7 +575,7 @@ def main(argv=None):
                 runners, device = start_runners(args, model, threads, tmp)
                 try:
                     times = measure(runners, args.rounds, args.steps)
-                    res = {"model": model, "threads": threads, "mge_device": device,
+                    res = {"model": model, "threads": threads, "mge_device": device or "default",
                            "params": {r.name: r.info["params"] for r in runners}, "times": times}
                     if args.profile:
                         named = {r.name: r for r in runners}

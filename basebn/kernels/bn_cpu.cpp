@@ -1,4 +1,4 @@
-// CPU BatchNorm kernels: multi-threaded (std::thread), contiguous vectorisable inner loops.
+// CPU BatchNorm kernels: multi-threaded (OpenMP pool, static split), contiguous vectorisable inner loops.
 //
 // Work decomposition on the contiguous (N, C, S) view:
 //  * S >= kRowMinS ("rows" path): the N*C rows of S contiguous elements are split over threads;
@@ -12,13 +12,14 @@
 // Statistics use a compensated two-pass per block: mean_b from a first pass, then
 // sum(x - mean_b) and sum((x - mean_b)^2), so no E[x^2] - E[x]^2 cancellation.
 // Non-contiguous inputs (or force_strided, used by tests) are gathered into a contiguous buffer.
-#include <sched.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "bn_kernels.h"
 #include "bn_math.h"
@@ -35,27 +36,20 @@ namespace {
 
 constexpr int64_t kChunk = 4096;           // elements per float partial sum (16 KB fp32)
 constexpr int64_t kRowMinS = 32;           // below: columns path
-constexpr int64_t kMinElemsPerThread = 1 << 18;  // ~100+ us of work: thread start is ~20-50 us
+constexpr int64_t kMinElemsPerThread = 1 << 15;  // below this a second thread costs more than it saves
 
+// $BASEBN_NUM_THREADS, else OpenMP's default (OMP_NUM_THREADS, else the cores), as the fused kernels
 int max_threads() {
     const char* env = std::getenv("BASEBN_NUM_THREADS");
-    if (env != nullptr) {
-        const int v = std::atoi(env);
-        if (v > 0)
-            return v;
-    }
-    static const int detected = []() {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-            const int n = CPU_COUNT(&set);
-            if (n > 0)
-                return n;
-        }
-        const unsigned h = std::thread::hardware_concurrency();
-        return h > 0 ? static_cast<int>(h) : 1;
-    }();
+    const int v = env != nullptr ? std::atoi(env) : 0;
+    if (v > 0)
+        return v;
+#ifdef _OPENMP
+    static const int detected = omp_get_max_threads();
     return detected;
+#else
+    return 1;
+#endif
 }
 
 // Number of threads for `items` independent work items covering `elems` elements.
@@ -65,22 +59,26 @@ int plan_threads(int64_t items, int64_t elems) {
     return static_cast<int>(std::max<int64_t>(1, nt));
 }
 
-// f(begin, end, thread_id) over [0, n) split evenly into nt parts; the caller runs part 0.
+// f(begin, end, part) over [0, n) split evenly into nt parts, run on OpenMP's pool (it stays up between
+// calls: a short op costs microseconds, not a thread start). The split depends on nt alone, so results do
+// not depend on how many threads OpenMP grants; a thread given fewer than requested runs several parts.
 template <class F>
 void run_parallel(int nt, int64_t n, F&& f) {
     if (nt <= 1 || n <= 1) {
         f(int64_t(0), n, 0);
         return;
     }
-    std::vector<std::thread> pool;
-    pool.reserve(nt - 1);
-    for (int t = 1; t < nt; ++t) {
-        const int64_t b = n * t / nt, e = n * (t + 1) / nt;
-        pool.emplace_back([&f, b, e, t]() { f(b, e, t); });
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+    {
+        const int got = omp_get_num_threads();
+        for (int part = omp_get_thread_num(); part < nt; part += got)
+            f(n * part / nt, n * (part + 1) / nt, part);
     }
-    f(int64_t(0), n / nt, 0);
-    for (auto& th : pool)
-        th.join();
+#else
+    for (int part = 0; part < nt; ++part)
+        f(n * part / nt, n * (part + 1) / nt, part);
+#endif
 }
 
 // Pointer to a contiguous copy of t's elements (t's own memory when it is contiguous).

@@ -1,6 +1,14 @@
-"""Process settings that make MegEngine's CPU training step use the cores for work: :func:`tune_cpu_runtime`.
+"""Process settings that make MegEngine's CPU training step use the cores for work: :func:`tune_cpu_runtime`
+(every CLI) and :func:`use_inline_cpu_device` (basebn.train).
 
-Two costs it removes, measured on a ResNet-20 step (docs/figures.md, "CPU runtime settings"):
+Three costs they remove, measured on a training step (docs/figures.md, "CPU runtime settings"):
+  * On MegEngine's ``cpu0`` device its kernels run on a dispatcher thread, and a custom op (basebn's BN, conv
+    and pool ops, run by the imperative worker) must first wait for that thread's queue: a hand-shake of
+    ~250 us per call (perf: ``SCQueueSynchronizer::producer_wait``), ~150 calls per ResNet-20 step.
+    :func:`use_inline_cpu_device` makes ``cpu:default`` the default device (MegEngine's CPU device that runs
+    its kernels on the calling thread, the worker): the queue is always empty, a custom op costs ~35 us
+    (bench_op_overhead.py). Not for a process that dumps a traced graph: MegEngine's dump then fails
+    (``cn == cur``), so export, evaluation CLIs and traced training steps stay on cpu0.
   * MegEngine's queue consumers (the ``cpu0:0`` dispatcher and the imperative ``worker``) busy-wait before they
     sleep, for as many spins as take ~5 ms (calibrated at start-up). A step issues a command every few hundred
     microseconds, so the idle dispatcher never sleeps: it burnt ~250 ms of a core per 450 ms step, the core a
@@ -13,7 +21,11 @@ Two costs it removes, measured on a ResNet-20 step (docs/figures.md, "CPU runtim
 import ctypes
 import os
 
-__all__ = ["WORKER_MAX_SPIN", "tune_cpu_runtime"]
+from megengine.core._imperative_rt.common import CompNode
+
+__all__ = ["WORKER_MAX_SPIN", "INLINE_CPU_DEVICE", "tune_cpu_runtime", "use_inline_cpu_device"]
+
+INLINE_CPU_DEVICE = "cpu:default"  # (megengine.set_default_device's name check refuses it; CompNode takes it)
 
 WORKER_MAX_SPIN = 30000  # ~10-30 us of spinning; 0 (sleep at once) and 300000 measured alike within noise
 _MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit)
@@ -33,3 +45,12 @@ def tune_cpu_runtime():
         malloc = all(libc.mallopt(option, value) == 1 for option, value in (
             (_M_MMAP_THRESHOLD, _MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD), (_M_TOP_PAD, _TOP_PAD)))
     return {"worker_max_spin": os.environ["MGB_WORKER_MAX_SPIN"], "malloc": malloc}
+
+
+def use_inline_cpu_device():
+    """Make :data:`INLINE_CPU_DEVICE` MegEngine's default device: its CPU kernels run on the thread that issues
+    them, so basebn's custom ops wait for no queue. Call on a machine without CUDA before the first tensor that
+    should live there (tensors made before keep their device; an op mixing the two fails), and not in a process
+    that dumps a traced graph. Returns the default device now."""
+    CompNode._set_default_device(INLINE_CPU_DEVICE)
+    return CompNode._get_default_device()

@@ -248,11 +248,33 @@ def test_large_mean_offset(backend, shape):
 
 @pytest.mark.parametrize("shape", [(16, 16, 64, 64), (65536, 16), (16384, 8, 8)], ids=["rows", "cols2D", "cols3D"])
 def test_multithreaded(backend, shape, monkeypatch):
-    """Several threads (forced to 4; 1M elements = 4 x the per-thread minimum) match the reference."""
+    """Several threads (forced to 4; every shape is far above 4 x the per-thread minimum) match the reference."""
     monkeypatch.setenv("BASEBN_NUM_THREADS", "4")
     rng = np.random.default_rng(9)
     x = (rng.standard_normal(shape) + 5).astype(np.float32)
     _full_check(x, rng, backend, tol=2e-5, out_tol=2e-5)
+
+
+def test_row_path_does_not_depend_on_thread_count(monkeypatch):
+    """The (N, C, S >= 32) kernels sum each row, then a channel's rows in n order: the statistics and the backward
+    sums are bitwise the same at 1, 2 and 3 threads (the split over OpenMP's pool must not leak into results)."""
+    if not kernel_library.kernel_available():
+        pytest.skip(f"BN kernels unavailable: {kernel_library.kernel_error()}")
+    rng = np.random.default_rng(12)
+    x = mge.tensor((rng.standard_normal((24, 8, 48, 48)) * 3 + 2).astype(np.float32))
+    dy = mge.tensor(rng.standard_normal((24, 8, 48, 48)).astype(np.float32))
+    outs = []
+    with bn_ops.use_backend("kernel"):
+        for threads in ("1", "2", "3"):
+            monkeypatch.setenv("BASEBN_NUM_THREADS", threads)
+            mean, m2 = bn_ops.bn_stats(x)
+            invstd = (m2 / float(24 * 48 * 48) + 1e-5) ** -0.5
+            s1, s2 = bn_ops.bn_backward_reduce(dy, x, mean, invstd)
+            dx = bn_ops.bn_backward_elemt(dy, x, mean, invstd, None, s1, s2, 24 * 48 * 48)
+            outs.append([t.numpy() for t in (mean, m2, s1, s2, dx)])
+    for other in outs[1:]:
+        for a, o in zip(outs[0], other):
+            np.testing.assert_array_equal(a, o)
 
 
 @pytest.mark.parametrize("symbolic", [False, True], ids=["trace", "trace_symbolic"])

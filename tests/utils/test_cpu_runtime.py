@@ -74,3 +74,34 @@ def test_megengine_tensors_are_not_faulted_in_again_each_step():
     assert int(default.stdout) > 3 * tensor_pages, default.stdout
     # ... tuned, the freed blocks are reused: not one tensor's worth of fresh pages over ten rounds
     assert int(tuned.stdout) < tensor_pages, tuned.stdout
+
+
+_INLINE = """
+    import numpy as np
+    import megengine as mge
+    import megengine.functional as F
+    from basebn.utils.cpu_runtime import tune_cpu_runtime, use_inline_cpu_device
+    tune_cpu_runtime()
+    print(use_inline_cpu_device())
+    from basebn.layers import bn_ops, kernel_library
+    x0 = np.random.default_rng(0).standard_normal((8, 4, 40, 40)).astype(np.float32)
+    x = mge.tensor(x0)
+    print(x.device.physical_name)
+    ok = kernel_library.kernel_available()
+    with bn_ops.use_backend("kernel" if ok else "fallback"):
+        for _ in range(20):  # a custom op fed straight by MegEngine ops: it must see their results
+            mean, m2 = bn_ops.bn_stats(F.exp(x * 0.5) + 1.0)
+    ref = np.exp(x0.astype(np.float64) * 0.5) + 1.0
+    want_mean = ref.mean(axis=(0, 2, 3))
+    want_m2 = ((ref - want_mean[None, :, None, None]) ** 2).sum(axis=(0, 2, 3))
+    print(float(np.abs(mean.numpy() - want_mean).max() / np.abs(want_mean).max()),
+          float(np.abs(m2.numpy() - want_m2).max() / np.abs(want_m2).max()))
+"""
+
+
+def test_megengine_runs_on_its_inline_cpu_device_and_custom_ops_see_fresh_inputs():
+    out = _run(_INLINE)
+    assert out.returncode == 0, out.stderr
+    tuned, physical, errors = out.stdout.strip().splitlines()[-3:]
+    assert tuned == "cpu:default" and physical == "cpu:default"  # MegEngine's own report of the device
+    assert max(float(v) for v in errors.split()) < 1e-5, errors
