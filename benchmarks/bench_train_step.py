@@ -75,11 +75,13 @@ def thread_env(threads):
 
 # ------------------------------------------------------------------------------------ MegEngine runners
 def _plain_megengine(model):
-    """``model`` with basebn's Conv2d / BatchNorm2d replaced by MegEngine's own classes (same values)."""
+    """``model`` with basebn's Conv2d / BatchNorm2d / MaxPool2d replaced by MegEngine's own classes (same values)."""
     def convert(m):
         if isinstance(m, M.Conv2d) and type(m) is not M.Conv2d:
             new = M.Conv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation,
                            m.groups, bias=m.bias is not None)
+        elif isinstance(m, M.MaxPool2d) and type(m) is not M.MaxPool2d:
+            return M.MaxPool2d(m.kernel_size, m.stride, m.padding)
         elif isinstance(m, M.BatchNorm2d) and type(m) is not M.BatchNorm2d:
             new = M.BatchNorm2d(m.num_features, eps=m.eps, momentum=0.9 if m.momentum is None else m.momentum,
                                 affine=m.affine)
@@ -250,6 +252,8 @@ def op_kind(name, part):
         return "BN bwd (kernels)"
     if name.startswith("BasebnBn") and "Act" in name:  # the fused BN -> activation [+ shortcut] ops
         return "fused BN-act bwd (kernels)" if "Backward" in name else "fused BN-act fwd (kernels)"
+    if name.startswith("BasebnMaxPool") or name.startswith("Pooling"):
+        return "max pool (basebn ops / MegEngine's)"
     if name in ("RELU", "SWITCH_GT0", "FUSE_ADD_RELU", "ADD", "RELU6", "RELU6_GRAD", "CLIP", "MIN", "MAX"):
         return "ReLU/add/clip (elementwise)"
     if name in ("HostToDevice", "DeviceToHost", "GetValue", "Copy"):
