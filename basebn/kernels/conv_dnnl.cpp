@@ -389,21 +389,6 @@ void bwd_filter_shape(const std::vector<Shape>& in, const Param& p, std::vector<
     out[1] = Shape({size_t(g.O)});
 }
 
-void same_device(const std::vector<custom::Device>& in, const Param&, std::vector<custom::Device>& out) {
-    for (auto& o : out)
-        o = in[0];
-}
-
-void same_format(const std::vector<custom::Format>& in, const Param&, std::vector<custom::Format>& out) {
-    for (auto& o : out)
-        o = in[0];
-}
-
-void float_dtype(const std::vector<custom::DType>&, const Param&, std::vector<custom::DType>& out) {
-    for (auto& o : out)
-        o = custom::DType("float32");
-}
-
 }  // namespace dnnl_conv
 }  // namespace basebn
 
@@ -422,10 +407,10 @@ CUSTOM_OP_REG(BasebnConvFwd)
         .add_input("bias", {"float32"})
         .add_output("y", {"float32"}) BASEBN_CONV_GEOMETRY_PARAMS
         .add_param("has_bias", false)
-        .set_device_infer(same_device)
-        .set_format_infer(same_format)
+        .set_device_infer(basebn::dnnl_rt::same_device)
+        .set_format_infer(basebn::dnnl_rt::same_format)
         .set_shape_infer(fwd_shape)
-        .set_dtype_infer(float_dtype)
+        .set_dtype_infer(basebn::dnnl_rt::float_dtype)
         .set_compute("x86", fwd_compute);
 
 CUSTOM_OP_REG(BasebnConvBwdData)
@@ -435,10 +420,10 @@ CUSTOM_OP_REG(BasebnConvBwdData)
         .add_output("dx", {"float32"}) BASEBN_CONV_GEOMETRY_PARAMS
         .add_param("in_h", 1)
         .add_param("in_w", 1)
-        .set_device_infer(same_device)
-        .set_format_infer(same_format)
+        .set_device_infer(basebn::dnnl_rt::same_device)
+        .set_format_infer(basebn::dnnl_rt::same_format)
         .set_shape_infer(bwd_data_shape)
-        .set_dtype_infer(float_dtype)
+        .set_dtype_infer(basebn::dnnl_rt::float_dtype)
         .set_compute("x86", bwd_data_compute);
 
 CUSTOM_OP_REG(BasebnConvBwdFilter)
@@ -450,10 +435,10 @@ CUSTOM_OP_REG(BasebnConvBwdFilter)
         .add_param("kernel_h", 1)
         .add_param("kernel_w", 1)
         .add_param("has_bias", false)
-        .set_device_infer(same_device)
-        .set_format_infer(same_format)
+        .set_device_infer(basebn::dnnl_rt::same_device)
+        .set_format_infer(basebn::dnnl_rt::same_format)
         .set_shape_infer(bwd_filter_shape)
-        .set_dtype_infer(float_dtype)
+        .set_dtype_infer(basebn::dnnl_rt::float_dtype)
         .set_compute("x86", bwd_filter_compute);
 
 #undef BASEBN_CONV_GEOMETRY_PARAMS

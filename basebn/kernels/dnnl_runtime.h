@@ -8,6 +8,9 @@
 #include <cstdlib>
 
 #include <oneapi/dnnl/dnnl.hpp>
+#include <vector>
+
+#include "megbrain/custom/custom.h"
 
 namespace basebn {
 namespace dnnl_rt {
@@ -30,6 +33,24 @@ inline int set_threads() {
     }
     omp_set_num_threads(n);
     return n;
+}
+
+// Custom-op inference shared by the conv and pool ops: outputs on input 0's device and format, float32.
+inline void same_device(const std::vector<custom::Device>& in, const custom::Param&,
+                        std::vector<custom::Device>& out) {
+    for (auto& o : out)
+        o = in[0];
+}
+
+inline void same_format(const std::vector<custom::Format>& in, const custom::Param&,
+                        std::vector<custom::Format>& out) {
+    for (auto& o : out)
+        o = in[0];
+}
+
+inline void float_dtype(const std::vector<custom::DType>&, const custom::Param&, std::vector<custom::DType>& out) {
+    for (auto& o : out)
+        o = custom::DType("float32");
 }
 
 }  // namespace dnnl_rt

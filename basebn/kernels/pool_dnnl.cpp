@@ -282,21 +282,6 @@ void bwd_shape(const std::vector<Shape>& in, const Param& p, std::vector<Shape>&
     out[0] = in[1];
 }
 
-void same_device(const std::vector<custom::Device>& in, const Param&, std::vector<custom::Device>& out) {
-    for (auto& o : out)
-        o = in[0];
-}
-
-void same_format(const std::vector<custom::Format>& in, const Param&, std::vector<custom::Format>& out) {
-    for (auto& o : out)
-        o = in[0];
-}
-
-void float_dtype(const std::vector<custom::DType>&, const Param&, std::vector<custom::DType>& out) {
-    for (auto& o : out)
-        o = custom::DType("float32");
-}
-
 }  // namespace max_pool
 }  // namespace basebn
 
@@ -312,10 +297,10 @@ CUSTOM_OP_REG(BasebnMaxPoolFwd)
         .set_description("basebn: oneDNN 2-D max pooling forward, y = max over each window of x")
         .add_input("x", {"float32"})
         .add_output("y", {"float32"}) BASEBN_POOL_GEOMETRY_PARAMS
-        .set_device_infer(same_device)
-        .set_format_infer(same_format)
+        .set_device_infer(basebn::dnnl_rt::same_device)
+        .set_format_infer(basebn::dnnl_rt::same_format)
         .set_shape_infer(fwd_shape)
-        .set_dtype_infer(float_dtype)
+        .set_dtype_infer(basebn::dnnl_rt::float_dtype)
         .set_compute("x86", fwd_compute);
 
 CUSTOM_OP_REG(BasebnMaxPoolBwd)
@@ -324,10 +309,10 @@ CUSTOM_OP_REG(BasebnMaxPoolBwd)
         .add_input("x", {"float32"})
         .add_input("y", {"float32"})
         .add_output("dx", {"float32"}) BASEBN_POOL_GEOMETRY_PARAMS
-        .set_device_infer(same_device)
-        .set_format_infer(same_format)
+        .set_device_infer(basebn::dnnl_rt::same_device)
+        .set_format_infer(basebn::dnnl_rt::same_format)
         .set_shape_infer(bwd_shape)
-        .set_dtype_infer(float_dtype)
+        .set_dtype_infer(basebn::dnnl_rt::float_dtype)
         .set_compute("x86", bwd_compute);
 
 #undef BASEBN_POOL_GEOMETRY_PARAMS

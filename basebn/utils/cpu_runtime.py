@@ -1,22 +1,7 @@
-"""Process settings that make MegEngine's CPU training step use the cores for work: :func:`tune_cpu_runtime`
-(every CLI) and :func:`use_inline_cpu_device` (basebn.train).
-
-Three costs they remove, measured on a training step (docs/figures.md, "CPU runtime settings"):
-  * On MegEngine's ``cpu0`` device its kernels run on a dispatcher thread, and a custom op (basebn's BN, conv
-    and pool ops, run by the imperative worker) must first wait for that thread's queue: a hand-shake of
-    ~250 us per call (perf: ``SCQueueSynchronizer::producer_wait``), ~150 calls per ResNet-20 step.
-    :func:`use_inline_cpu_device` makes ``cpu:default`` the default device (MegEngine's CPU device that runs
-    its kernels on the calling thread, the worker): the queue is always empty, a custom op costs ~35 us
-    (bench_op_overhead.py). Not for a process that dumps a traced graph: MegEngine's dump then fails
-    (``cn == cur``), so export, evaluation CLIs and traced training steps stay on cpu0.
-  * MegEngine's queue consumers (the ``cpu0:0`` dispatcher and the imperative ``worker``) busy-wait before they
-    sleep, for as many spins as take ~5 ms (calibrated at start-up). A step issues a command every few hundred
-    microseconds, so the idle dispatcher never sleeps: it burnt ~250 ms of a core per 450 ms step, the core a
-    second kernel thread needs. ``MGB_WORKER_MAX_SPIN`` (MegEngine's own variable, read once, at the first
-    queued command) caps the spin.
-  * glibc hands freed blocks above its mmap threshold back to the kernel and trims the heap top, so every step
-    page-faults its activations in again (~10-15 thousand faults, ~50-100 ms of system time per step).
-    ``mallopt`` keeps blocks up to 32 MiB on the heap and the freed heap mapped; the peak is unchanged.
+"""Process settings that let MegEngine's CPU training step spend the cores on work: :func:`tune_cpu_runtime`
+(every CLI: capped worker spin, freed memory kept mapped) and :func:`use_inline_cpu_device` (basebn.train: no
+dispatcher queue for basebn's custom ops to wait for). What each removes, measured: docs/figures.md, "CPU
+runtime settings".
 """
 import ctypes
 import os

@@ -24,20 +24,11 @@ from basebn.layers import kernel_build, kernel_library
 from basebn.layers.conv import Conv2d, conv2d, fast_cpu_weight_grad
 from basebn.models import build_model
 from tests.support import ROOT
+from tests.support.numerics import pair, rel_err
 
 TOL = 1e-5
 pytestmark = pytest.mark.skipif(not kernel_library.conv_kernel_available(),
                                 reason=f"oneDNN conv ops unavailable: {kernel_library.conv_kernel_error()}")
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-
-
-def pair(v):
-    return tuple(v) if isinstance(v, tuple) else (v, v)
 
 
 def taps(x_shape, w_shape, stride, pad, dil):
