@@ -128,14 +128,16 @@ def _grad_scale(grads, key):
 
 def _reorder_noise(plain, x, labels, grads):
     """{parameter: max |difference|} between ``grads`` and the unfused model's gradients on the same batch in
-    three other orders: mathematically equal, so this is the reference's own float32 noise (large where a BN
-    normalises over few values). Needs dropout and drop path off (their masks follow the batch position)."""
+    every rotation of the batch and its reversal: mathematically equal, so this is the reference's own float32
+    noise (large where a BN normalises over few values), its largest sample. Needs dropout and drop path off
+    (their masks follow the batch position)."""
     for p in plain.parameters():
         p.grad = None  # MegEngine accumulates gradients
     state = {k: np.array(v) for k, v in plain.state_dict().items()}
     noise = {k: 0.0 for k in grads}
-    for shift in range(1, min(len(x), 4)):  # every reordering is one sample of the noise: take the largest
-        order = np.roll(np.arange(len(x)), shift)
+    n = len(x)
+    orders = [np.roll(np.arange(n), shift) for shift in range(1, n)] + [np.arange(n)[::-1]]
+    for order in orders:  # every reordering is one sample of the noise: take the largest
         again = _repeated_step(plain, x[order], labels[order])[1]
         noise = {k: max(noise[k], float(np.abs(again[k] - grads[k]).max())) for k in grads}
     plain.load_state_dict(state)  # the running statistics of one step, as the fused model's
