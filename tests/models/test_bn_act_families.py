@@ -57,6 +57,11 @@ CASES = {
 # measured: mbnetv3 8e-6, snetv2p 6e-6, effnet_silu 5e-5 relative), RTOL's order or above; at 64 px those BNs
 # see 16 values. (The ReLU cases pass at 32 px: their activation derivative is exact in float32.)
 INPUT_SIZE = {"mbnetv3": 64, "snetv2p": 64, "effnet_silu": 64}
+# A gradient tolerance above RTOL where the two models compute the activation differently, not only in another
+# order: the fused SiLU takes exp from bn_expf (within 1 ulp of expf), MegEngine's SiLU from its own exp, so the
+# derivative differs by an ulp or two per element; after the per-channel sums that is ~1e-5 relative (measured
+# 1.02e-5 to 1.3e-5 on EfficientNet's exp_bn / SE biases in about one run in six, beyond the reordering noise).
+GRAD_RTOL = {"effnet_silu": 2e-5}
 
 
 def _expected_acts(case):
@@ -163,17 +168,18 @@ def _repeated_step(model, x, labels, max_runs=5):
     return result
 
 
-def _assert_same_step(fused, plain, x, labels):
+def _assert_same_step(fused, plain, x, labels, grad_rtol=RTOL):
     """One training step of both models: the same loss, parameter gradients and running statistics. A gradient
-    may differ by RTOL relative or by 4x the reference's own reordering noise (:func:`_reorder_noise`),
+    may differ by ``grad_rtol`` relative (RTOL, or GRAD_RTOL's) or by 4x the reference's own reordering noise
+    (:func:`_reorder_noise`),
     whichever is larger: the fused kernels sum and evaluate the activation derivative in another order."""
     got, want = _repeated_step(fused, x, labels), _repeated_step(plain, x, labels)
     noise = _reorder_noise(plain, x, labels, want[1])
     _rel_close(got[0], want[0], RTOL, "loss")
     assert got[1].keys() == want[1].keys()
     for k in want[1]:
-        _rel_close(got[1][k], want[1][k], RTOL, f"gradient of {k}",
-                   max(_grad_scale(want[1], k), 4 * noise[k] / RTOL))
+        _rel_close(got[1][k], want[1][k], grad_rtol, f"gradient of {k}",
+                   max(_grad_scale(want[1], k), 4 * noise[k] / grad_rtol))
     assert got[2].keys() == want[2].keys()
     for k in want[2]:
         _rel_close(got[2][k], want[2][k], RTOL, k)
@@ -193,7 +199,7 @@ def test_fused_family_equals_unfused(case, monkeypatch):
     assert [n for n, _ in fused.named_modules()] == [n for n, _ in plain.named_modules()]
 
     x, labels = _batch(size=INPUT_SIZE.get(case, 32))
-    _assert_same_step(fused, plain, x, labels)
+    _assert_same_step(fused, plain, x, labels, GRAD_RTOL.get(case, RTOL))
 
     # eval: the same output, and after the family's deploy folding (every BN folded into its conv)
     want_out = _eval(plain, x)
