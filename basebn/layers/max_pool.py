@@ -14,7 +14,7 @@ from megengine.autodiff import Function
 from .conv import as_pair, fast_cpu_weight_grad, on_cpu, records_grad
 from .conv_ops import conv_backend
 from .kernel_library import symbolic_tracing
-from .pool_ops import PoolGeometry, max_pool_backward, max_pool_forward
+from .pool_ops import PoolGeometry, check_pool_shapes, max_pool_backward, max_pool_forward
 
 __all__ = ["MaxPool2d", "max_pool2d", "max_pool_ops_apply"]
 
@@ -44,12 +44,13 @@ def _geometry(kernel_size, stride, padding):
 def max_pool_ops_apply(x, geom):
     """Do the ops take this call? (CPU, float32 NCHW, not empty, 0 <= padding < kernel, the window fits, fast
     paths on, not in a symbolic trace, ``$BASEBN_CONV_BACKEND`` gives ``dnnl``)."""
-    if not (fast_cpu_weight_grad() and not symbolic_tracing() and on_cpu(x) and x.dtype == "float32"):
+    if not (fast_cpu_weight_grad() and not symbolic_tracing() and on_cpu(x) and conv_backend() == "dnnl"):
         return False
-    shape = tuple(x.shape)
-    return (len(shape) == 4 and min(shape) > 0 and min(geom.kernel + geom.stride) >= 1
-            and all(0 <= p < k and size + 2 * p >= k for size, p, k in zip(shape[2:], geom.padding, geom.kernel))
-            and conv_backend() == "dnnl")
+    try:
+        check_pool_shapes(x, geom)  # the ops' own rule: what it refuses, MegEngine's pool takes
+    except ValueError:
+        return False
+    return min(x.shape) > 0
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):

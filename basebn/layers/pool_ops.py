@@ -70,7 +70,7 @@ def check_pool_shapes(x, geom):
 
 
 def max_pool_forward(x, geom):
-    """y[n, c, i, j] = max of x over window (i, j) of ``geom`` (oneDNN)."""
+    """y[n, c, i, j] = max of x over window (i, j) of ``geom``."""
     check_pool_shapes(x, geom)
     return _run("BasebnMaxPoolFwd", geom, (x,))
 
