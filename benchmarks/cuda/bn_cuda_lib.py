@@ -17,6 +17,7 @@ KERNEL_DIR = os.path.join(ROOT, "basebn", "kernels")
 SOURCES = ("bn_cuda_launch.cu", "bn_cuda_launch.h", "bn_cuda_kernels.cuh", "bn_math.h")
 COMPILE_ONLY_ARCHS = ("75", "80", "90")  # without a GPU: what the trainer's build targets (sm_70 is gone in CUDA 13)
 FLOAT32, FLOAT16 = 0, 1  # BASEBN_BN_FLOAT32 / BASEBN_BN_FLOAT16
+ACT_CODES = {"identity": 0, "relu": 1, "relu6": 2, "silu": 3, "hswish": 4}  # BnAct of bn_math.h
 MAX_DIMS = 5
 
 
@@ -82,7 +83,11 @@ def declare_api(lib):
     lib.basebn_bn_cuda_normalize.argtypes = [t, p, p, p, p, p, i, p]
     lib.basebn_bn_cuda_backward_reduce.argtypes = [t, t, p, p, p, p, i, p]
     lib.basebn_bn_cuda_backward_elemt.argtypes = [t, t, p, p, p, p, p, d, p, i, p]
-    for fn in ("stats", "normalize", "backward_reduce", "backward_elemt"):
+    lib.basebn_bn_cuda_act_normalize.argtypes = [t, t, p, p, p, p, i, p, i, p]
+    lib.basebn_bn_cuda_act_backward_reduce.argtypes = [t, t, t, p, p, p, p, i, p, p, i, p]
+    lib.basebn_bn_cuda_act_backward_elemt.argtypes = [t, t, t, p, p, p, p, p, p, d, i, p, p, i, p]
+    for fn in ("stats", "normalize", "backward_reduce", "backward_elemt", "act_normalize", "act_backward_reduce",
+               "act_backward_elemt"):
         getattr(lib, f"basebn_bn_cuda_{fn}").restype = ctypes.c_int
     return lib
 
@@ -98,7 +103,8 @@ def bn_tensor(data_ptr, dtype, shape, stride):
 
 
 class CudaBnKernels:
-    """The four launchers on torch CUDA tensors (float32/float16 x and dy; float32 per-channel tensors).
+    """The launchers on torch CUDA tensors (float32/float16 x and dy; float32 per-channel tensors): the four
+    BN passes and the three fused BN -> activation (+ shortcut) passes.
 
     Every call launches on ``torch.cuda.current_stream()`` and raises RuntimeError on a non-zero status.
     """
@@ -163,3 +169,37 @@ class CudaBnKernels:
             self._ptr(sum_dy), self._ptr(sum_dy_xhat), float(count), self._ptr(dx), int(force_strided),
             self._stream()), "backward_elemt")
         return dx
+
+    def _opt_view(self, t):
+        return None if t is None else ctypes.byref(self._view(t))
+
+    def act_normalize(self, x, mean, invstd, weight, bias, act, shortcut=None, force_strided=False):
+        """y = act(normalize(x) [+ shortcut]), contiguous, x's dtype; ``act`` a name of ACT_CODES."""
+        y = self.torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
+        vx = self._view(x)
+        self._check(self.lib.basebn_bn_cuda_act_normalize(
+            ctypes.byref(vx), self._opt_view(shortcut), self._ptr(mean), self._ptr(invstd), self._ptr(weight),
+            self._ptr(bias), ACT_CODES[act], self._ptr(y), int(force_strided), self._stream()), "act_normalize")
+        return y
+
+    def act_backward_reduce(self, dy, y, x, mean, invstd, weight, bias, act, force_strided=False):
+        """(sum_dz, sum_dz_xhat) float32 (C,), dz = act'(pre) * dy."""
+        s1, s2 = self._channels(x)
+        vg, vx = self._view(dy), self._view(x)
+        self._check(self.lib.basebn_bn_cuda_act_backward_reduce(
+            ctypes.byref(vg), self._opt_view(y), ctypes.byref(vx), self._ptr(mean), self._ptr(invstd),
+            self._ptr(weight), self._ptr(bias), ACT_CODES[act], self._ptr(s1), self._ptr(s2), int(force_strided),
+            self._stream()), "act_backward_reduce")
+        return s1, s2
+
+    def act_backward_elemt(self, dy, y, x, mean, invstd, weight, bias, sum_dz, sum_dz_xhat, count, act,
+                           with_shortcut=False, force_strided=False):
+        """(dx, dshortcut or None), contiguous, x's dtype; dshortcut = dz."""
+        dx = self.torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
+        ds = self.torch.empty_like(dx) if with_shortcut else None
+        vg, vx = self._view(dy), self._view(x)
+        self._check(self.lib.basebn_bn_cuda_act_backward_elemt(
+            ctypes.byref(vg), self._opt_view(y), ctypes.byref(vx), self._ptr(mean), self._ptr(invstd),
+            self._ptr(weight), self._ptr(bias), self._ptr(sum_dz), self._ptr(sum_dz_xhat), float(count),
+            ACT_CODES[act], self._ptr(dx), self._ptr(ds), int(force_strided), self._stream()), "act_backward_elemt")
+        return dx, ds

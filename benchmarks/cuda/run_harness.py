@@ -7,10 +7,13 @@ basebn's CUDA BN kernels on a GPU without MegEngine, against PyTorch (details: b
    variance, y, running mean/var (MegEngine's momentum, unbiased variance), dx, dweight, dbias; 2D-5D, N=1,
    C=1, C not a power of two, C > 65535, huge N*H*W, non-contiguous inputs and the strided path, no affine,
    float16 in / float32 statistics.
-3. SyncBN: per-shard statistics of uneven shards (one empty) merged as the all-gather path does (float32
+3. fused BN -> activation (ReLU, ReLU6, SiLU, HSwish, identity; + shortcut: BN-add-ReLU) vs float64 torch:
+   y, dx, dweight, dbias, dshortcut; the ReLU/ReLU6 derivative read from the output rounded to its dtype.
+4. SyncBN: per-shard statistics of uneven shards (one empty) merged as the all-gather path does (float32
    rows, Chan's merge in float64: basebn/layers/moments.py), backward sums all-reduced, vs the whole batch.
-4. timing: basebn (stats + normalize + running update; backward reduce + elemt) vs torch's batch_norm
-   (cuDNN when torch picks it) for the zoo's ResNet-20 shapes and ResNet-50's, float32 and float16.
+5. timing: basebn (stats + normalize + running update; backward reduce + elemt) vs torch's batch_norm
+   (cuDNN when torch picks it) for the zoo's ResNet-20 shapes and ResNet-50's, float32 and float16; then
+   fused BN-ReLU and BN-add-ReLU vs torch's batch_norm -> relu_ (-> add) on ResNet-50's shapes.
 Error = max|kernel - reference| / max|reference|; tolerance 1e-4 (float32 outputs), 2e-3 (float16 outputs).
 Exit 0: every check passed, or skipped with the reason printed (no nvcc, no PyTorch, no GPU); 1: a compile
 or a check failed. One GPU (the current torch device; pick another with CUDA_VISIBLE_DEVICES).
@@ -38,6 +41,7 @@ except ImportError:  # optional: without it the harness compiles only
     torch = TF = None
 
 EPS = 1e-5
+DEVICE = "cuda"  # where the tensors live ("cpu" lets a stand-in for the kernels smoke-test the Python)
 KEEP = 0.9  # MegEngine's momentum: running = KEEP * running + (1 - KEEP) * batch
 TOL = {"float32": 1e-4, "float16": 2e-3}
 
@@ -71,6 +75,31 @@ HUGE_CASES = [  # left out by --quick
     ("huge N = 2**22, 2D", (1 << 22, 4), "float32", "contiguous", True),
     ("huge N*H*W float16", (8, 2, 2048, 2048), "float16", "contiguous", True),
 ]
+# fused BN -> activation: (name, shape, dtype, layout, affine, act, with shortcut)
+ACT_CASES = [
+    ("relu 4D", (16, 24, 13, 11), "float32", "contiguous", True, "relu", False),
+    ("relu6 4D", (16, 24, 13, 11), "float32", "contiguous", True, "relu6", False),
+    ("silu 4D", (16, 24, 13, 11), "float32", "contiguous", True, "silu", False),
+    ("hswish 4D", (16, 24, 13, 11), "float32", "contiguous", True, "hswish", False),
+    ("add-relu 4D", (16, 24, 13, 11), "float32", "contiguous", True, "relu", True),
+    ("add-identity 4D", (8, 12, 10, 10), "float32", "contiguous", True, "identity", True),
+    ("relu 2D", (64, 10), "float32", "contiguous", True, "relu", False),
+    ("relu6 5D", (4, 5, 6, 7, 8), "float32", "contiguous", True, "relu6", False),
+    ("add-relu N=1 C=1", (1, 1, 15, 17), "float32", "contiguous", True, "relu", True),
+    ("silu C=70000 2D", (3, 70000), "float32", "contiguous", True, "silu", False),
+    ("silu no affine", (8, 12, 10, 10), "float32", "contiguous", False, "silu", False),
+    ("hswish no affine", (8, 12, 10, 10), "float32", "contiguous", False, "hswish", False),
+    ("add-relu transposed", (6, 8, 10, 12), "float32", "transposed", True, "relu", True),
+    ("relu6 sliced", (6, 8, 10, 12), "float32", "sliced", True, "relu6", False),
+    ("add-relu strided path", (8, 12, 10, 10), "float32", "forced", True, "relu", True),
+    ("silu strided path", (8, 12, 10, 10), "float32", "forced", True, "silu", False),
+    ("float16 relu", (16, 24, 13, 11), "float16", "contiguous", True, "relu", False),
+    ("float16 relu6", (16, 24, 13, 11), "float16", "contiguous", True, "relu6", False),
+    ("float16 silu", (16, 24, 13, 11), "float16", "contiguous", True, "silu", False),
+    ("float16 hswish", (16, 24, 13, 11), "float16", "contiguous", True, "hswish", False),
+    ("float16 add-relu", (16, 24, 13, 11), "float16", "contiguous", True, "relu", True),
+    ("float16 add-relu transposed", (6, 8, 10, 12), "float16", "transposed", True, "relu", True),
+]
 # (name, full shape, dtype, per-rank batch sizes): uneven shards, one rank empty
 MERGE_CASES = [
     ("4 ranks, one empty", (13, 6, 7, 5), "float32", [5, 0, 1, 7]),
@@ -101,6 +130,11 @@ def rel_err(got, ref):
     return float(err / scale) if scale > 0 else float(err)
 
 
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def _dims(shape):
     return [0] + list(range(2, len(shape)))
 
@@ -113,16 +147,16 @@ def make_input(shape, dtype, layout, offset=True, seed=0):
     """A CUDA tensor of ``shape`` and ``dtype`` laid out as ``layout`` (see CASES); per-channel offsets |mean| > std.
 
     Values are made in the storage's own layout, then viewed: the view is what the kernels get."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
     store = list(shape)
     if layout == "sliced":
         store[-1] *= 2
     channel_dim = 0 if layout == "transposed" else 1
     if layout == "transposed":
         store[0], store[1] = store[1], store[0]
-    base = torch.randn(store, generator=g, device="cuda", dtype=torch.float32)
+    base = torch.randn(store, generator=g, device=DEVICE, dtype=torch.float32)
     if offset:
-        c = torch.arange(shape[1], device="cuda", dtype=torch.float32)
+        c = torch.arange(shape[1], device=DEVICE, dtype=torch.float32)
         per_channel = [1] * len(store)
         per_channel[channel_dim] = shape[1]
         base = base * (0.5 + (c % 5) * 0.25).reshape(per_channel) + (2.0 + (c % 7) * 0.5).reshape(per_channel)
@@ -136,8 +170,8 @@ def make_input(shape, dtype, layout, offset=True, seed=0):
 
 
 def channel(c, seed, low=None, high=None):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    v = torch.rand(c, generator=g, device="cuda") if low is not None else torch.randn(c, generator=g, device="cuda")
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    v = torch.rand(c, generator=g, device=DEVICE) if low is not None else torch.randn(c, generator=g, device=DEVICE)
     return v * (high - low) + low if low is not None else v
 
 
@@ -193,7 +227,7 @@ def check_case(k, report, name, shape, dtype, layout, affine, section="batch_nor
     rv = rv0 * KEEP + m2 * (1.0 / (cnt - 1)) * (1 - KEEP)
     s1, s2 = k.backward_reduce(dy, x, mean, invstd, forced)
     dx = k.backward_elemt(dy, x, mean, invstd, w, s1, s2, cnt, forced)
-    torch.cuda.synchronize()
+    _sync()
 
     x64 = x.double().requires_grad_(True)
     w64 = w.double().requires_grad_(True) if affine else None
@@ -223,6 +257,78 @@ def check_case(k, report, name, shape, dtype, layout, affine, section="batch_nor
         add("sum_dy_xhat", s2, (dy.double() * xhat).sum(dims))
 
 
+def _act64(act, pre):
+    """act(pre) in float64 (bn_math.h's definitions)."""
+    if act == "relu":
+        return pre.clamp(min=0)
+    if act == "relu6":
+        return pre.clamp(0, 6)
+    if act == "silu":
+        return pre * torch.sigmoid(pre)
+    if act == "hswish":
+        return pre * (pre + 3).clamp(0, 6) / 6
+    return pre
+
+
+def _act_grad64(act, pre, y_stored):
+    """act'(pre) in float64; ReLU / ReLU6 take it from the output as stored (y64 rounded to the output dtype), as
+    the kernels do (the rounding decides at 6 in float16)."""
+    if act == "relu":
+        return (y_stored > 0).double()
+    if act == "relu6":
+        return ((y_stored > 0) & (y_stored < 6)).double()
+    if act == "silu":
+        s = torch.sigmoid(pre)
+        return s * (1 + pre * (1 - s))
+    if act == "hswish":
+        return torch.where(pre < -3, torch.zeros_like(pre), torch.where(pre > 3, torch.ones_like(pre),
+                                                                         (2 * pre + 3) / 6))
+    return torch.ones_like(pre)
+
+
+def check_act_case(k, report, name, shape, dtype, layout, affine, act, with_shortcut, section="bn_act"):
+    """One fused BN -> act (+ shortcut) forward and backward vs float64 (statistics from the plain kernels)."""
+    forced = layout == "forced"
+    x = make_input(shape, dtype, layout, seed=11)
+    dy = make_input(shape, dtype, layout, offset=False, seed=12)
+    sc = make_input(shape, dtype, layout, offset=False, seed=13) if with_shortcut else None
+    c = shape[1]
+    cnt = x.numel() // c
+    w = channel(c, 3, 0.5, 1.5) if affine else None
+    b = channel(c, 4) if affine else None
+
+    mean, m2 = k.stats(x, forced)
+    invstd = (m2 * (1.0 / cnt) + EPS) ** -0.5
+    y = k.act_normalize(x, mean, invstd, w, b, act, shortcut=sc, force_strided=forced)
+    y_arg = y if act in ("relu", "relu6") else None  # the kernels read y only for these
+    s1, s2 = k.act_backward_reduce(dy, y_arg, x, mean, invstd, w, b, act, forced)
+    dx, dsc = k.act_backward_elemt(dy, y_arg, x, mean, invstd, w, b, s1, s2, cnt, act, with_shortcut, forced)
+    _sync()
+
+    dims, bs = _dims(shape), _bshape(shape)
+    xd, dyd = x.double(), dy.double()
+    mean64 = xd.mean(dims)
+    invstd64 = 1.0 / torch.sqrt(((xd - mean64.reshape(bs)) ** 2).mean(dims) + EPS)
+    xhat = (xd - mean64.reshape(bs)) * invstd64.reshape(bs)
+    w64 = w.double() if affine else torch.ones(c, dtype=torch.float64, device=DEVICE)
+    b64 = b.double() if affine else torch.zeros(c, dtype=torch.float64, device=DEVICE)
+    pre = xhat * w64.reshape(bs) + b64.reshape(bs) + (sc.double() if with_shortcut else 0.0)
+    y64 = _act64(act, pre)
+    dz = dyd * _act_grad64(act, pre, y64.to(getattr(torch, dtype)))
+    sum_dz, sum_dz_xhat = dz.sum(dims), (dz * xhat).sum(dims)
+    dx64 = (w64 * invstd64).reshape(bs) * (dz - (sum_dz / cnt).reshape(bs) - xhat * (sum_dz_xhat / cnt).reshape(bs))
+
+    def add(what, got, ref, tol=TOL["float32"]):
+        report.add(section, name, what, rel_err(got, ref), tol)
+
+    add("y", y, y64, TOL[dtype])
+    add("sum_dz (dbias)", s1, sum_dz)
+    add("sum_dz_xhat (dweight)", s2, sum_dz_xhat)
+    add("dx", dx, dx64, TOL[dtype])
+    if with_shortcut:
+        add("dshortcut", dsc, dz, TOL[dtype])
+
+
 def check_merge(k, report, name, shape, dtype, sizes):
     """SyncBN on shards: per-shard kernels, rows merged as the all-gather path does, vs the whole batch."""
     assert sum(sizes) == shape[0]
@@ -237,22 +343,22 @@ def check_merge(k, report, name, shape, dtype, sizes):
         rows.append(pack_row(xs.numel() // c, mean.cpu().numpy(), m2.cpu().numpy()))
         shards.append((xs, dys))
     batch = merge_rows(np.stack(rows), c)
-    mean32 = torch.tensor(batch.mean, dtype=torch.float32, device="cuda")
-    invstd32 = torch.tensor(1.0 / np.sqrt(batch.m2 / batch.count + EPS), dtype=torch.float32, device="cuda")
+    mean32 = torch.tensor(batch.mean, dtype=torch.float32, device=DEVICE)
+    invstd32 = torch.tensor(1.0 / np.sqrt(batch.m2 / batch.count + EPS), dtype=torch.float32, device=DEVICE)
     ys, sums = [], []
     for xs, dys in shards:
         if xs.numel():
             ys.append(k.normalize(xs, mean32, invstd32, w, b))
         s1, s2 = k.backward_reduce(dys, xs, mean32, invstd32)
         sums.append(torch.cat([s1, s2]).cpu().numpy())
-    total = torch.tensor(all_reduce_sum(sums), device="cuda")
+    total = torch.tensor(all_reduce_sum(sums), device=DEVICE)
     dxs = [k.backward_elemt(dys, xs, mean32, invstd32, w, total[:c], total[c:], batch.count)
            for xs, dys in shards if xs.numel()]
-    torch.cuda.synchronize()
+    _sync()
 
     x64 = x.double().requires_grad_(True)
     w64, b64 = w.double().requires_grad_(True), b.double().requires_grad_(True)
-    rm64, rv64 = torch.zeros(c, dtype=torch.float64, device="cuda"), torch.ones(c, dtype=torch.float64, device="cuda")
+    rm64, rv64 = torch.zeros(c, dtype=torch.float64, device=DEVICE), torch.ones(c, dtype=torch.float64, device=DEVICE)
     y64 = TF.batch_norm(x64, rm64, rv64, w64, b64, training=True, momentum=1 - KEEP, eps=EPS)
     y64.backward(dy.double())
     dims = _dims(shape)
@@ -279,7 +385,7 @@ def guarded(report, section, name, fn, *args):
     except Exception as exc:  # noqa: BLE001
         report.add(section, name, f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", float("inf"), 0.0)
         if torch is not None:
-            torch.cuda.synchronize()  # (a sticky CUDA error raises here and ends the run: nothing more can run)
+            _sync()  # (a sticky CUDA error raises here and ends the run: nothing more can run)
 
 
 # ----------------------------------------------------------------------------------- timing
@@ -295,59 +401,132 @@ def _cuda_ms(fn, iters, warmup=3):
     return start.elapsed_time(end) / iters
 
 
-def time_shape(k, shape, dtype, iters):
-    """(basebn fwd, torch fwd, basebn bwd, torch bwd) in ms for one BN layer of ``shape``."""
+GRAPH_CALLS = 10  # calls of fn captured in one CUDA graph
+
+
+def _graph_ms(fn, iters):
+    """ms per call of ``fn`` replayed from a CUDA graph of GRAPH_CALLS calls: the GPU's time without the
+    Python / launch cost per kernel (NaN when capture fails)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(GRAPH_CALLS):
+                fn()
+    except Exception as exc:  # noqa: BLE001
+        print(f"  (graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+        torch.cuda.synchronize()
+        return float("nan")
+    return _cuda_ms(graph.replay, max(1, iters // GRAPH_CALLS)) / GRAPH_CALLS
+
+
+def measure(fns, iters):
+    """{basebn,torch}_{fwd,bwd}_ms for the four functions (ours_fwd, torch_fwd, ours_bwd, torch_bwd): eager calls
+    (Python + launches included) and, under the same names with ``graph_``, CUDA-graph replays."""
+    names = ("basebn_fwd_ms", "torch_fwd_ms", "basebn_bwd_ms", "torch_bwd_ms")
+    row = {name: _cuda_ms(fn, iters) for name, fn in zip(names, fns)}
+    row.update({"graph_" + name: _graph_ms(fn, iters) for name, fn in zip(names, fns)})
+    return row
+
+
+TABLE_HEAD = (f"{'shape':22s} {'dtype':8s} | graph: {'basebn fwd':>10s} {'torch fwd':>9s} {'basebn bwd':>10s} "
+              f"{'torch bwd':>9s} {'fwd x':>6s} {'bwd x':>6s} | eager: {'fwd x':>6s} {'bwd x':>6s}")
+
+
+def format_row(shape, dtype, r):
+    def ratio(prefix, what):
+        return r[f"{prefix}basebn_{what}_ms"] / r[f"{prefix}torch_{what}_ms"]
+    return (f"{str(shape):22s} {dtype:8s} | graph: {r['graph_basebn_fwd_ms']:10.4f} {r['graph_torch_fwd_ms']:9.4f} "
+            f"{r['graph_basebn_bwd_ms']:10.4f} {r['graph_torch_bwd_ms']:9.4f} {ratio('graph_', 'fwd'):6.2f} "
+            f"{ratio('graph_', 'bwd'):6.2f} | eager: {ratio('', 'fwd'):6.2f} {ratio('', 'bwd'):6.2f}")
+
+
+def layer_functions(k, shape, dtype, relu=False, with_shortcut=False):
+    """(ours_fwd, torch_fwd, ours_bwd, torch_bwd) for one BN layer of ``shape``: plain BN through the plain C API,
+    or (``relu``) BN -> ReLU / BN -> add -> ReLU through the fused one."""
     x = make_input(shape, dtype, "contiguous", seed=1)
     dy = make_input(shape, dtype, "contiguous", offset=False, seed=2)
+    sc = make_input(shape, dtype, "contiguous", offset=False, seed=3) if with_shortcut else None
     c, cnt = shape[1], x.numel() // shape[1]
-    w, b, rm, rv = channel(c, 3, 0.5, 1.5), channel(c, 4), torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+    w, b, rm, rv = channel(c, 3, 0.5, 1.5), channel(c, 4), torch.zeros(c, device=DEVICE), torch.ones(c, device=DEVICE)
     state = {}
 
     def ours_fwd():
         mean, m2 = k.stats(x)
         invstd = (m2 * (1.0 / cnt) + EPS).rsqrt()
-        state["y"] = k.normalize(x, mean, invstd, w, b)
+        if relu:
+            state["y"] = k.act_normalize(x, mean, invstd, w, b, "relu", shortcut=sc)
+        else:
+            state["y"] = k.normalize(x, mean, invstd, w, b)
         rm.mul_(KEEP).add_(mean, alpha=1 - KEEP)
         rv.mul_(KEEP).add_(m2, alpha=(1 - KEEP) / (cnt - 1))
         state["mean"], state["invstd"] = mean, invstd
 
     def ours_bwd():
-        s1, s2 = k.backward_reduce(dy, x, state["mean"], state["invstd"])
-        k.backward_elemt(dy, x, state["mean"], state["invstd"], w, s1, s2, cnt)
+        y, mean, invstd = state["y"], state["mean"], state["invstd"]
+        if relu:
+            s1, s2 = k.act_backward_reduce(dy, y, x, mean, invstd, w, b, "relu")
+            k.act_backward_elemt(dy, y, x, mean, invstd, w, b, s1, s2, cnt, "relu", with_shortcut)
+        else:
+            s1, s2 = k.backward_reduce(dy, x, mean, invstd)
+            k.backward_elemt(dy, x, mean, invstd, w, s1, s2, cnt)
 
-    tw, tb = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
-    xt = x.clone().requires_grad_(True)
     trm, trv = rm.clone(), rv.clone()
+
+    def torch_layer(xin, win, bin_, scin):
+        z = TF.batch_norm(xin, trm, trv, win, bin_, training=True, momentum=1 - KEEP, eps=EPS)
+        if scin is not None:
+            z = z + scin
+        return torch.relu_(z) if relu else z
 
     def torch_fwd():
         with torch.no_grad():
-            TF.batch_norm(x, trm, trv, w, b, training=True, momentum=1 - KEEP, eps=EPS)
+            torch_layer(x, w, b, sc)
 
-    yt = TF.batch_norm(xt, trm, trv, tw, tb, training=True, momentum=1 - KEEP, eps=EPS)
+    xt, tw, tb = x.clone().requires_grad_(True), w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    sct = sc.clone().requires_grad_(True) if with_shortcut else None
+    yt = torch_layer(xt, tw, tb, sct)
+    inputs = (xt, tw, tb) + ((sct,) if with_shortcut else ())
 
     def torch_bwd():
-        torch.autograd.grad(yt, (xt, tw, tb), dy, retain_graph=True)
+        torch.autograd.grad(yt, inputs, dy, retain_graph=True)
 
     ours_fwd()
-    return _cuda_ms(ours_fwd, iters), _cuda_ms(torch_fwd, iters), _cuda_ms(ours_bwd, iters), _cuda_ms(torch_bwd, iters)
+    return ours_fwd, torch_fwd, ours_bwd, torch_bwd
 
 
 def timing_table(k, iters):
     """Rows of the timing table (dicts), printed as they come."""
-    print(f"\n## timing: ms per BN layer, mean of {iters} iterations after 3 warm-up (CUDA events); "
-          f"torch = torch.nn.functional.batch_norm (cuDNN {torch.backends.cudnn.version()} when torch picks it)")
-    head = f"{'set':8s} {'shape':22s} {'dtype':8s} {'basebn fwd':>10s} {'torch fwd':>10s} {'basebn bwd':>10s} " \
-           f"{'torch bwd':>10s} {'fwd x':>6s} {'bwd x':>6s}"
-    print(head)
+    print(f"\n## timing: ms per BN layer (CUDA events; graph: {GRAPH_CALLS} calls per CUDA graph replayed, the GPU's "
+          f"time; eager: Python + launches, mean of {iters}); torch = torch.nn.functional.batch_norm (cuDNN "
+          f"{torch.backends.cudnn.version()} when torch picks it)")
+    print(f"{'set':8s} {TABLE_HEAD}")
     rows = []
     for label, shapes in (("zoo", ZOO_SHAPES), ("resnet50", RESNET50_SHAPES)):
         for shape in shapes:
             for dtype in ("float32", "float16"):
-                of, tf, ob, tb = time_shape(k, shape, dtype, iters)
-                rows.append(dict(set=label, shape=list(shape), dtype=dtype, basebn_fwd_ms=of, torch_fwd_ms=tf,
-                                 basebn_bwd_ms=ob, torch_bwd_ms=tb))
-                print(f"{label:8s} {str(shape):22s} {dtype:8s} {of:10.4f} {tf:10.4f} {ob:10.4f} {tb:10.4f} "
-                      f"{of / tf:6.2f} {ob / tb:6.2f}", flush=True)
+                r = measure(layer_functions(k, shape, dtype), iters)
+                rows.append(dict(set=label, shape=list(shape), dtype=dtype, **r))
+                print(f"{label:8s} {format_row(shape, dtype, r)}", flush=True)
+    return rows
+
+
+def act_timing_table(k, iters):
+    """Rows of the fused timing table (dicts): BN-ReLU and BN-add-ReLU, ResNet-50's shapes."""
+    print("\n## timing: fused BN-ReLU / BN-add-ReLU vs torch batch_norm -> (add ->) relu_, ms (as above)")
+    print(f"{'op':12s} {TABLE_HEAD}")
+    rows = []
+    for shape in RESNET50_SHAPES:
+        for dtype in ("float32", "float16"):
+            for op, with_shortcut in (("bn-relu", False), ("bn-add-relu", True)):
+                r = measure(layer_functions(k, shape, dtype, True, with_shortcut), iters)
+                rows.append(dict(set=op, shape=list(shape), dtype=dtype, **r))
+                print(f"{op:12s} {format_row(shape, dtype, r)}", flush=True)
     return rows
 
 
@@ -406,6 +585,10 @@ def main(argv=None):
     for case in CASES + ([] if args.quick else HUGE_CASES):
         guarded(report, "batch_norm", case[0], check_case, k, report, *case)
     report.print_case_summary("batch_norm")
+    print("\n## fused BN -> activation (+ shortcut) vs float64")
+    for case in ACT_CASES:
+        guarded(report, "bn_act", case[0], check_act_case, k, report, *case)
+    report.print_case_summary("bn_act")
     print("\n## SyncBN: per-shard stats merged as the all-gather path does, vs the whole batch")
     for case in MERGE_CASES:
         guarded(report, "syncbn_merge", case[0], check_merge, k, report, *case)
@@ -414,7 +597,7 @@ def main(argv=None):
     failures = report.failures()
     print(f"\n{len(report.rows) - len(failures)}/{len(report.rows)} checks passed")
     if not args.no_timing:
-        result["timing"] = timing_table(k, args.iters)
+        result["timing"] = timing_table(k, args.iters) + act_timing_table(k, args.iters)
     return finish(1 if failures else 0)
 
 

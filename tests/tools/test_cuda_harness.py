@@ -111,6 +111,13 @@ def test_c_api_rejects_bad_arguments_without_a_gpu(tmp_path):
     assert lib.basebn_bn_cuda_backward_elemt(ctypes.byref(dy16), ctypes.byref(x), mean, mean, None, mean, mean, 24.0,
                                              mean, 0, None) == invalid
     assert lib.basebn_bn_cuda_normalize(ctypes.byref(x), None, mean, None, None, mean, 0, None) == invalid
+    # the fused passes: an unknown activation code, a shortcut of another shape, ReLU's backward without y
+    assert lib.basebn_bn_cuda_act_normalize(ctypes.byref(x), None, mean, mean, None, None, 9, mean, 0,
+                                            None) == invalid
+    assert lib.basebn_bn_cuda_act_normalize(ctypes.byref(x), ctypes.byref(dy), mean, mean, None, None,
+                                            bn_cuda_lib.ACT_CODES["relu"], mean, 0, None) == invalid
+    assert lib.basebn_bn_cuda_act_backward_reduce(ctypes.byref(x), None, ctypes.byref(x), mean, mean, None, None,
+                                                  bn_cuda_lib.ACT_CODES["relu"], mean, mean, 0, None) == invalid
     # an empty input launches nothing and needs no GPU
     empty = bn_cuda_lib.bn_tensor(0, bn_cuda_lib.FLOAT32, (0, 3, 4), (12, 4, 1))
     assert lib.basebn_bn_cuda_normalize(ctypes.byref(empty), mean, mean, None, None, mean, 0, None) == 0
