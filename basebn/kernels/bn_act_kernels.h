@@ -34,6 +34,18 @@ namespace basebn {
 
 namespace cpu {
 BASEBN_DECLARE_BN_ACT_KERNELS
+
+// One-call local training passes (bn_train_cpu.cpp; CPU only, no SyncBN):
+//   act_train_forward:  mean, m2 (as stats), invstd = 1 / sqrt(m2 / count + eps), y (as act_normalize)
+//   act_train_backward: sum_dz, sum_dz_xhat (as act_backward_reduce), dx [, dshortcut] (as act_backward_elemt
+//                       with count = N * S)
+void act_train_forward(const custom::Tensor& x, const custom::Tensor* shortcut, const custom::Tensor* weight,
+                       const custom::Tensor* bias, double eps, int act, custom::Tensor& y, custom::Tensor& mean,
+                       custom::Tensor& m2, custom::Tensor& invstd, bool force_strided);
+void act_train_backward(const custom::Tensor& dy, const custom::Tensor& y, const custom::Tensor& x,
+                        const custom::Tensor& mean, const custom::Tensor& invstd, const custom::Tensor* weight,
+                        const custom::Tensor* bias, int act, custom::Tensor& dx, custom::Tensor* dshortcut,
+                        custom::Tensor& sum_dz, custom::Tensor& sum_dz_xhat, bool force_strided);
 }  // namespace cpu
 
 #ifdef BASEBN_WITH_CUDA

@@ -21,6 +21,7 @@
 #include <omp.h>
 #endif
 
+#include "bn_cpu_rows.h"
 #include "bn_kernels.h"
 #include "bn_math.h"
 #include "queued_work.h"
@@ -34,7 +35,12 @@ using custom::Tensor;
 
 namespace {
 
-constexpr int64_t kChunk = 4096;           // elements per float partial sum (16 KB fp32)
+using rows::kChunk;
+using rows::merge_channel_rows;
+using rows::row_moments;
+using rows::bn_v4f;
+using rows::hsum4;
+using rows::ld4;
 constexpr int64_t kRowMinS = 32;           // below: columns path
 constexpr int64_t kMinElemsPerThread = 1 << 15;  // below this a second thread costs more than it saves
 
@@ -110,83 +116,6 @@ T* out_ptr(Tensor& t) {
 }
 
 // ------------------------------------------------------------------ stats
-// Span sums. float32 uses GCC/Clang generic vectors (4 x 4 floats: four independent add
-// chains, SSE on x86-64 / NEON on aarch64 with plain -O3, no -march). Other element types
-// (float16 bits) take the scalar template.
-typedef float bn_v4f __attribute__((vector_size(16)));
-
-inline bn_v4f ld4(const float* p) {
-    bn_v4f v;
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-}
-
-inline float hsum4(bn_v4f v) {
-    return (v[0] + v[1]) + (v[2] + v[3]);
-}
-
-template <typename T>
-inline float span_sum(const T* q, int64_t len) {
-    float a0 = 0.f, a1 = 0.f;
-    int64_t i = 0;
-    for (; i + 2 <= len; i += 2) {
-        a0 += BnIO<T>::load(q[i]);
-        a1 += BnIO<T>::load(q[i + 1]);
-    }
-    if (i < len)
-        a0 += BnIO<T>::load(q[i]);
-    return a0 + a1;
-}
-
-template <>
-inline float span_sum<float>(const float* q, int64_t len) {
-    bn_v4f a0 = {0.f, 0.f, 0.f, 0.f}, a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 16 <= len; i += 16) {
-        a0 += ld4(q + i);
-        a1 += ld4(q + i + 4);
-        a2 += ld4(q + i + 8);
-        a3 += ld4(q + i + 12);
-    }
-    float s = hsum4((a0 + a1) + (a2 + a3));
-    for (; i < len; ++i)
-        s += q[i];
-    return s;
-}
-
-// sd = sum(q - c), sd2 = sum((q - c)^2)
-template <typename T>
-inline void span_dev_sums(const T* q, int64_t len, float c, float& sd, float& sd2) {
-    sd = 0.f;
-    sd2 = 0.f;
-    for (int64_t i = 0; i < len; ++i) {
-        const float d = BnIO<T>::load(q[i]) - c;
-        sd += d;
-        sd2 += d * d;
-    }
-}
-
-template <>
-inline void span_dev_sums<float>(const float* q, int64_t len, float c, float& sd, float& sd2) {
-    const bn_v4f cv = {c, c, c, c};
-    bn_v4f s0 = {0.f, 0.f, 0.f, 0.f}, s1 = s0, q0 = s0, q1 = s0;
-    int64_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        const bn_v4f d0 = ld4(q + i) - cv, d1 = ld4(q + i + 4) - cv;
-        s0 += d0;
-        s1 += d1;
-        q0 += d0 * d0;
-        q1 += d1 * d1;
-    }
-    sd = hsum4(s0 + s1);
-    sd2 = hsum4(q0 + q1);
-    for (; i < len; ++i) {
-        const float d = q[i] - c;
-        sd += d;
-        sd2 += d * d;
-    }
-}
-
 // s1 = sum(g), s2 = sum(g * (q - c))
 template <typename T>
 inline void span_grad_sums(const T* g, const T* q, int64_t len, float c, float& s1, float& s2) {
@@ -221,23 +150,6 @@ inline void span_grad_sums<float>(
 }
 
 template <typename T>
-void row_moments(const T* p, int64_t S, double& mean, double& m2) {
-    double n = 0.0;
-    mean = 0.0;
-    m2 = 0.0;
-    for (int64_t off = 0; off < S; off += kChunk) {
-        const int64_t len = std::min(kChunk, S - off);
-        const T* q = p + off;
-        const float mb = span_sum(q, len) / static_cast<float>(len);
-        float sd, sd2;  // second pass over the L1-resident chunk
-        span_dev_sums(q, len, mb, sd, sd2);
-        double bm, bm2;
-        bn_block_moments(static_cast<double>(len), mb, sd, sd2, bm, bm2);
-        bn_chan_merge<double>(n, mean, m2, static_cast<double>(len), bm, bm2);
-    }
-}
-
-template <typename T>
 void stats_rows(const T* x, const Dims& d, float* mean, float* m2) {
     const int64_t R = d.N * d.C;
     std::vector<double> rm(R), rm2(R);
@@ -245,21 +157,8 @@ void stats_rows(const T* x, const Dims& d, float* mean, float* m2) {
         for (int64_t r = b; r < e; ++r)
             row_moments(x + r * d.S, d.S, rm[r], rm2[r]);
     });
-    // rows of one channel all hold S elements: exact two-pass merge in double
-    for (int64_t c = 0; c < d.C; ++c) {
-        double mu = 0.0;
-        for (int64_t n = 0; n < d.N; ++n)
-            mu += rm[n * d.C + c];
-        mu /= static_cast<double>(d.N);
-        double within = 0.0, between = 0.0;
-        for (int64_t n = 0; n < d.N; ++n) {
-            within += rm2[n * d.C + c];
-            const double dv = rm[n * d.C + c] - mu;
-            between += dv * dv;
-        }
-        mean[c] = static_cast<float>(mu);
-        m2[c] = static_cast<float>(within + static_cast<double>(d.S) * between);
-    }
+    for (int64_t c = 0; c < d.C; ++c)
+        merge_channel_rows(rm.data() + c, rm2.data() + c, d.N, d.C, d.S, mean[c], m2[c]);
 }
 
 int64_t block_rows(int64_t W) {

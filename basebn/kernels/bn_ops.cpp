@@ -304,3 +304,135 @@ CUSTOM_OP_REG(BasebnBnAddActBackwardElemt)
 #undef BASEBN_ACT_ELEMT_REST
 
 CUSTOM_OP_REG_END(BasebnBN)
+
+// ---- one-call local training passes (bn_act_kernels.h; bn_train_cpu.cpp), CPU only: BN -> act [+ shortcut]
+// with batch statistics, for BN without SyncBN (the Python side uses the ops above on GPU and under SyncBN).
+//   BasebnBnActTrainForward     (x, weight, bias)                        -> (y, mean, m2, invstd)
+//   BasebnBnAddActTrainForward  (x, shortcut, weight, bias)              -> (y, mean, m2, invstd)
+//   BasebnBnActTrainBackward    (dy, y, x, mean, invstd, weight, bias)   -> (dx, sum_dz, sum_dz_xhat)
+//   BasebnBnAddActTrainBackward (dy, y, x, mean, invstd, weight, bias)   -> (dx, dshortcut, sum_dz, sum_dz_xhat)
+// Params as the act ops, and eps (forward).
+CUSTOM_OP_REG_BEGIN(BasebnBN)
+
+namespace {
+
+// outputs [0, Like) take input 0's shape / dtype, the others are per-channel float32 (C,)
+template <int Like>
+void like_x_then_channels_shape(const std::vector<Shape>& inputs, const Param&, std::vector<Shape>& outputs) {
+    for (size_t i = 0; i < outputs.size(); ++i)
+        outputs[i] = static_cast<int>(i) < Like ? inputs[0] : Shape({inputs[0][1]});
+}
+
+template <int Like>
+void like_x_then_channels_dtype(const std::vector<DType>& inputs, const Param&, std::vector<DType>& outputs) {
+    for (size_t i = 0; i < outputs.size(); ++i)
+        outputs[i] = static_cast<int>(i) < Like ? inputs[0] : DType("float32");
+}
+
+void same_device_all(const std::vector<Device>& inputs, const Param&, std::vector<Device>& outputs) {
+    outputs.assign(outputs.size(), inputs[0]);
+}
+
+void same_format_all(const std::vector<Format>& inputs, const Param&, std::vector<Format>& outputs) {
+    outputs.assign(outputs.size(), inputs[0]);
+}
+
+const Tensor* slot(const std::vector<Tensor>& in, const Param& p, const char* flag, size_t i) {
+    return p[flag].as<bool>() ? &in[i] : nullptr;
+}
+
+void cpu_act_train_forward(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
+    basebn::cpu::act_train_forward(in[0], nullptr, slot(in, p, "has_weight", 1), slot(in, p, "has_bias", 2),
+                                   p["eps"].as<double>(), p["act"].as<int32_t>(), out[0], out[1], out[2], out[3],
+                                   p["force_strided"].as<bool>());
+}
+
+void cpu_add_act_train_forward(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
+    basebn::cpu::act_train_forward(in[0], &in[1], slot(in, p, "has_weight", 2), slot(in, p, "has_bias", 3),
+                                   p["eps"].as<double>(), p["act"].as<int32_t>(), out[0], out[1], out[2], out[3],
+                                   p["force_strided"].as<bool>());
+}
+
+void cpu_act_train_backward(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
+    const bool shortcut = out.size() == 4;
+    basebn::cpu::act_train_backward(in[0], in[1], in[2], in[3], in[4], slot(in, p, "has_weight", 5),
+                                    slot(in, p, "has_bias", 6), p["act"].as<int32_t>(), out[0],
+                                    shortcut ? &out[1] : nullptr, out[shortcut ? 2 : 1], out[shortcut ? 3 : 2],
+                                    p["force_strided"].as<bool>());
+}
+
+}  // namespace
+
+#define BASEBN_TRAIN_FORWARD_REST                                \
+    .add_input("weight", {"float32"})                            \
+            .add_input("bias", {"float32"})                      \
+            .add_output("y", BASEBN_FLOATS)                      \
+            .add_output("mean", {"float32"})                     \
+            .add_output("m2", {"float32"})                       \
+            .add_output("invstd", {"float32"})                   \
+            .add_param("has_weight", false)                      \
+            .add_param("has_bias", false)                        \
+            .add_param("eps", 1e-5)                              \
+            .add_param("act", 0)                                 \
+            .add_param("force_strided", false)                   \
+            .set_device_infer(same_device_all)                   \
+            .set_format_infer(same_format_all)                   \
+            .set_shape_infer(like_x_then_channels_shape<1>)      \
+            .set_dtype_infer(like_x_then_channels_dtype<1>)
+
+CUSTOM_OP_REG(BasebnBnActTrainForward)
+        .set_description("basebn: local batch statistics and y = act(bn(x)) in one call")
+        .add_input("x", BASEBN_FLOATS)
+        BASEBN_TRAIN_FORWARD_REST
+        .set_compute("x86", cpu_act_train_forward);
+
+CUSTOM_OP_REG(BasebnBnAddActTrainForward)
+        .set_description("basebn: local batch statistics and y = act(bn(x) + shortcut) in one call")
+        .add_input("x", BASEBN_FLOATS)
+        .add_input("shortcut", BASEBN_FLOATS)
+        BASEBN_TRAIN_FORWARD_REST
+        .set_compute("x86", cpu_add_act_train_forward);
+
+#define BASEBN_TRAIN_BACKWARD_INPUTS            \
+    .add_input("dy", BASEBN_FLOATS)             \
+            .add_input("y", BASEBN_FLOATS)      \
+            .add_input("x", BASEBN_FLOATS)      \
+            .add_input("mean", {"float32"})     \
+            .add_input("invstd", {"float32"})   \
+            .add_input("weight", {"float32"})   \
+            .add_input("bias", {"float32"})
+#define BASEBN_TRAIN_BACKWARD_PARAMS           \
+    .add_param("has_weight", false)            \
+            .add_param("has_bias", false)      \
+            .add_param("act", 0)               \
+            .add_param("force_strided", false) \
+            .set_device_infer(same_device_all) \
+            .set_format_infer(same_format_all) \
+            .set_compute("x86", cpu_act_train_backward)
+
+CUSTOM_OP_REG(BasebnBnActTrainBackward)
+        .set_description("basebn: the local BN -> act backward in one call: dx and the two per-channel sums")
+        BASEBN_TRAIN_BACKWARD_INPUTS
+        .add_output("dx", BASEBN_FLOATS)
+        .add_output("sum_dz", {"float32"})
+        .add_output("sum_dz_xhat", {"float32"})
+        BASEBN_TRAIN_BACKWARD_PARAMS
+        .set_shape_infer(like_x_then_channels_shape<1>)
+        .set_dtype_infer(like_x_then_channels_dtype<1>);
+
+CUSTOM_OP_REG(BasebnBnAddActTrainBackward)
+        .set_description("basebn: BasebnBnActTrainBackward, and dshortcut = dz from the same pass")
+        BASEBN_TRAIN_BACKWARD_INPUTS
+        .add_output("dx", BASEBN_FLOATS)
+        .add_output("dshortcut", BASEBN_FLOATS)
+        .add_output("sum_dz", {"float32"})
+        .add_output("sum_dz_xhat", {"float32"})
+        BASEBN_TRAIN_BACKWARD_PARAMS
+        .set_shape_infer(like_x_then_channels_shape<2>)
+        .set_dtype_infer(like_x_then_channels_dtype<2>);
+
+#undef BASEBN_TRAIN_FORWARD_REST
+#undef BASEBN_TRAIN_BACKWARD_INPUTS
+#undef BASEBN_TRAIN_BACKWARD_PARAMS
+
+CUSTOM_OP_REG_END(BasebnBN)

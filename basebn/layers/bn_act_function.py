@@ -24,6 +24,8 @@ class _ActBackward:
     """Backward of ``y = act(bn(x) [+ shortcut])``; a subclass sets ``mean``, ``invstd``, ``act``, ``residual``
     and supplies ``_global_sums(sum_dz, sum_dz_xhat) -> (sum_dz, sum_dz_xhat, count)``."""
 
+    one_call = False  # set by a local training forward: the backward is one op too
+
     def _split(self, rest):
         """``(shortcut, weight, bias)`` from the forward's arguments after ``x``."""
         shortcut, rest = (rest[0], rest[1:]) if self.residual else (None, rest)
@@ -31,14 +33,16 @@ class _ActBackward:
         return shortcut, weight, bias
 
     def _normalize(self, x, shortcut, weight, bias):
-        # saved for the backward: x, weight, and y (ReLU / ReLU6: act' from the output) or bias (SiLU / HSwish:
-        # act' at the pre-activation, recomputed from x, the statistics, weight and bias)
+        if x.size == 0:
+            return self._keep(x, weight, bias, _empty_like(x))
+        y = bn_ops.bn_act_normalize(x, self.mean, self.invstd, weight, bias, act=self.act, shortcut=shortcut)
+        return self._keep(x, weight, bias, y)
+
+    def _keep(self, x, weight, bias, y):
+        """Save for the backward: x, weight, and y (ReLU / ReLU6: act' from the output) or bias (SiLU / HSwish:
+        act' at the pre-activation, recomputed from x, the statistics, weight and bias); returns y."""
         self.x, self.weight, self.has_affine = x, weight, weight is not None
         self.bias = bias if self.act in bn_ops.PRE_GRAD_ACTIVATIONS else None
-        if x.size == 0:
-            y = _empty_like(x)
-        else:
-            y = bn_ops.bn_act_normalize(x, self.mean, self.invstd, weight, bias, act=self.act, shortcut=shortcut)
         self.y = y if self.act in bn_ops.OUTPUT_GRAD_ACTIVATIONS else None
         return y
 
@@ -46,6 +50,14 @@ class _ActBackward:
         x, y, c = self.x, self.y, self.x.shape[1]
         if dy is None:
             dy = F.zeros(x.shape, dtype=x.dtype)
+        if self.one_call:  # the local backward in one op
+            dx, ds, sum_dz, sum_dz_xhat = bn_ops.bn_act_train_backward(
+                dy, y, x, self.mean, self.invstd, self.weight, self.bias, self.act, shortcut_grad=self.residual)
+            self.x = self.y = self.weight = self.bias = None
+            grads = (dx, ds) if self.residual else (dx,)
+            if self.has_affine:
+                return grads + (sum_dz_xhat, sum_dz)
+            return grads if self.residual else dx
         if x.size > 0:
             sum_dz, sum_dz_xhat = bn_ops.bn_act_backward_reduce(dy, y, x, self.mean, self.invstd, act=self.act,
                                                                 weight=self.weight, bias=self.bias)
@@ -73,8 +85,11 @@ class _BNActTrainFunction(_ActBackward, _BNTrainFunction):
         self.act, self.residual = act, residual
 
     def forward(self, x, *rest):
+        shortcut, weight, bias = self._split(rest)
+        if not self.sync:  # statistics and y in one op
+            return self._keep(x, weight, bias, self._local_forward(x, weight, bias, self.act, shortcut))
         self._batch_statistics(x)
-        return self._normalize(x, *self._split(rest))
+        return self._normalize(x, shortcut, weight, bias)
 
     def _global_sums(self, sum_dz, sum_dz_xhat):
         if self.sync:  # one collective for both sums, as the unfused SyncBN

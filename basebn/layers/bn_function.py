@@ -83,13 +83,39 @@ class _BNTrainFunction(_BNFunction):
         self.eps = float(eps)
         self.sync = sync
         self.group = group
+        self.one_call = False  # the local forward and backward each in one op (bn_ops.bn_act_train_*)
 
     def forward(self, x, weight=None, bias=None):
+        if not self.sync:
+            self._save(x, weight)
+            return self._local_forward(x, weight, bias)
         self._batch_statistics(x)
         self._save(x, weight)
         if self.local_count == 0:
             return _empty_like(x)
         return bn_ops.bn_normalize(x, self.mean, self.invstd, weight, bias)
+
+    def _local_forward(self, x, weight, bias, act="identity", shortcut=None):
+        """Local statistics and ``act(bn(x) [+ shortcut])`` in one op (bn_ops.bn_act_train_forward)."""
+        self.local_count = bn_ops.channel_count(x)
+        self._check_count(self.local_count, x)
+        self.count = float(self.local_count)
+        y, self.mean, m2, self.invstd = bn_ops.bn_act_train_forward(x, weight, bias, self.eps, act, shortcut)
+        self.batch_mean, self.batch_var = self.mean, m2 * (1.0 / (self.count - 1.0))
+        self.one_call = True
+        return y
+
+    def backward(self, dy):
+        if not self.one_call:
+            return super().backward(dy)
+        x = self.x
+        if dy is None:
+            dy = F.zeros(x.shape, dtype=x.dtype)
+        dx, _, sum_dy, sum_dy_xhat = bn_ops.bn_act_train_backward(dy, None, x, self.mean, self.invstd, self.weight)
+        self.x = self.weight = None  # free the saved input early
+        if self.has_affine:
+            return dx, sum_dy_xhat, sum_dy
+        return dx
 
     def _batch_statistics(self, x):
         """mean, invstd, batch_mean, batch_var and the counts of ``x`` (over all ranks when ``sync``)."""

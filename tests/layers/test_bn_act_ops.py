@@ -15,62 +15,10 @@ import megengine.functional as F
 from megengine.autodiff import GradManager
 
 from basebn.layers import bn_ops, kernel_library
-from tests.support.bn_act_ref import act_grad_ref, act_ref, min_kink_distance
+from tests.support.bn_act_ref import act_ref, close as _close, draw_case as _case, ref_backward, ref_pre
 from tests.support.bn_ops import forced_strided_kernels
 
 ACTS = list(bn_ops.ACTIVATIONS)
-
-
-# ----------------------------------------------------------------------------- float64 reference
-def _bs(x):
-    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
-
-
-def _axes(x):
-    return (0,) + tuple(range(2, x.ndim))
-
-
-def ref_pre(x, mean, invstd, w, b, shortcut):
-    """BN with the given statistics, then the residual add (float64)."""
-    bs = _bs(x)
-    pre = (x.astype(np.float64) - mean.reshape(bs)) * (invstd * w).reshape(bs) + b.reshape(bs)
-    return pre if shortcut is None else pre + shortcut.astype(np.float64)
-
-
-def ref_backward(dy, x, mean, invstd, w, pre, act, count):
-    """(sum dz, sum dz * xhat, dx, dz) with dz = act'(pre) * dy and the global ``count``."""
-    dz = dy.astype(np.float64) * act_grad_ref(pre, act)
-    bs = _bs(x)
-    xhat = (x.astype(np.float64) - mean.reshape(bs)) * invstd.reshape(bs)
-    s1, s2 = dz.sum(axis=_axes(x)), (dz * xhat).sum(axis=_axes(x))
-    dx = (w * invstd).reshape(bs) * (dz - s1.reshape(bs) / count - xhat * s2.reshape(bs) / count)
-    return s1, s2, dx, dz
-
-
-def _close(got, want, tol, what):
-    got = got.numpy() if isinstance(got, mge.Tensor) else np.asarray(got)
-    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
-    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol * scale, err_msg=what)
-
-
-def _case(shape, seed, dtype=np.float32, residual=True):
-    """x, shortcut, dy, per-channel mean/invstd/w/b (float32 values) with BN + add values spread over
-    about [-8, 10] (so ReLU6 clips on both sides, HSwish has all three pieces) and none within 1e-4 of a kink."""
-    rng = np.random.default_rng(seed)
-    c = shape[1]
-    for _ in range(50):
-        x = (rng.standard_normal(shape) * 2 + 1).astype(dtype)
-        shortcut = rng.standard_normal(shape).astype(dtype) if residual else None
-        axes = _axes(x)
-        mean = x.astype(np.float64).mean(axis=axes).astype(np.float32)
-        invstd = (1.0 / np.sqrt(x.astype(np.float64).var(axis=axes) + 1e-5)).astype(np.float32)
-        w = rng.uniform(2.0, 4.0, c).astype(np.float32) * rng.choice([-1, 1], c).astype(np.float32)
-        b = rng.uniform(0.0, 2.0, c).astype(np.float32)
-        pre = ref_pre(x, mean.astype(np.float64), invstd.astype(np.float64), w, b, shortcut)
-        if min_kink_distance(pre) > 1e-4:
-            dy = rng.standard_normal(shape).astype(dtype)
-            return x, shortcut, dy, mean, invstd, w, b, pre
-    raise AssertionError("could not draw data away from the kinks")
 
 
 def _check(shape, act, residual, tol=1e-5, dtype=np.float32, seed=0, make=mge.tensor, count_scale=1):

@@ -102,15 +102,15 @@ def test_oldest_supported_arch(outdir):
 
 
 def test_cuda_registration_compiles_and_links(outdir):
-    """bn_ops.cpp + bn_cpu.cpp + bn_act_cpu.cpp (-DBASEBN_WITH_CUDA) + bn_cuda.cu + bn_cuda_launch.cu link with no
-    undefined symbol."""
+    """The CPU sources of the library (kernel_build's list, -DBASEBN_WITH_CUDA) + bn_cuda.cu + bn_cuda_launch.cu link
+    with no undefined symbol."""
     inc, lib = _mge_paths()
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         pytest.skip(f"no C++ compiler ({cxx})")
     arch = "80" if 80 in _nvcc_archs() else str(_nvcc_archs()[0])
     objs = _compile_cu(arch, outdir)
-    for src in ("bn_ops.cpp", "bn_cpu.cpp", "bn_act_cpu.cpp"):
+    for src in kernel_build._CPU_SOURCES:
         obj = os.path.join(str(outdir), src + ".cuda.o")
         cmd = [
             cxx, "-c", os.path.join(KERNEL_DIR, src), "-o", obj, "-std=c++14", "-O1",

@@ -5,14 +5,17 @@
 """
 import functools
 
+import numpy as np
+
+import megengine as mge
 from megengine.core._imperative_rt.core2 import apply
 from megengine.core.ops import custom
 
 from ..kernel_library import KernelUnavailableError, load_kernels, wait_for_inputs
 from .backend import requested_backend
 
-__all__ = ["ready", "stats", "normalize", "backward_reduce", "backward_elemt", "ACT_CODES", "act_normalize",
-           "act_backward_reduce", "act_backward_elemt"]
+__all__ = ["ready", "ready_on_cpu", "stats", "normalize", "backward_reduce", "backward_elemt", "ACT_CODES", "act_normalize",
+           "act_backward_reduce", "act_backward_elemt", "act_train_forward", "act_train_backward"]
 
 # True: the CPU kernels gather every input as if it were non-contiguous (tests of that path)
 _force_strided = False
@@ -36,6 +39,13 @@ def ready(x, *others):
         return True
     wait_for_inputs(x, *others)
     return True
+
+
+def ready_on_cpu(x, *others):
+    """:func:`ready` for the CPU-only ops (the one-call training passes): False for GPU tensors."""
+    if str(x.device.physical_name).startswith("gpu"):
+        return False
+    return ready(x, *others)
 
 
 @functools.lru_cache(maxsize=512)
@@ -108,3 +118,27 @@ def act_backward_elemt(dy, y, x, mean, invstd, weight, bias, sum_dz, sum_dz_xhat
     affine, flags = _affine(mean, weight, bias, act)
     return tuple(_apply(name, dy, x if y is None else y, x, mean, invstd, *affine, sum_dz, sum_dz_xhat,
                         count=float(count), **flags))
+
+
+# ---- one-call local training passes (basebn/kernels/bn_train_cpu.cpp), CPU only
+def act_train_forward(x, shortcut, weight, bias, eps, act):
+    """``(y, mean, m2, invstd)``: local batch statistics and ``act(bn(x) [+ shortcut])`` in one op."""
+    holder = weight if weight is not None else bias
+    if holder is None:  # the weight / bias slots need a float32 (C,) placeholder
+        holder = mge.tensor(np.zeros((x.shape[1],), np.float32), device=x.device)
+    affine, flags = _affine(holder, weight, bias, act)
+    name = "BasebnBnActTrainForward" if shortcut is None else "BasebnBnAddActTrainForward"
+    inputs = (x,) if shortcut is None else (x, shortcut)
+    y, mean, m2, invstd = _apply(name, *inputs, *affine, eps=float(eps), **flags)
+    return y, mean, m2, invstd
+
+
+def act_train_backward(dy, y, x, mean, invstd, weight, bias, act, shortcut_grad):
+    """``(dx, dshortcut or None, sum_dz, sum_dz_xhat)`` of the local BN -> act in one op (count = N * S)."""
+    affine, flags = _affine(mean, weight, bias, act)
+    name = "BasebnBnAddActTrainBackward" if shortcut_grad else "BasebnBnActTrainBackward"
+    outs = _apply(name, dy, x if y is None else y, x, mean, invstd, *affine, **flags)
+    if shortcut_grad:
+        return tuple(outs)
+    dx, s1, s2 = outs
+    return dx, None, s1, s2

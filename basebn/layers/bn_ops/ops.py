@@ -8,7 +8,7 @@ from .backend import backend
 
 __all__ = ["bn_stats", "bn_normalize", "bn_backward_reduce", "bn_backward_elemt", "channel_count", "ACTIVATIONS",
            "OUTPUT_GRAD_ACTIVATIONS", "PRE_GRAD_ACTIVATIONS", "bn_act_normalize", "bn_act_backward_reduce",
-           "bn_act_backward_elemt"]
+           "bn_act_backward_elemt", "bn_act_train_forward", "bn_act_train_backward"]
 
 
 def _check(x, name="x"):
@@ -139,12 +139,8 @@ def _one_dtype(*ts):
     return tuple(None if t is None else t.astype("float32") for t in ts)
 
 
-def bn_act_normalize(x, mean, invstd, weight=None, bias=None, act="relu", shortcut=None):
-    """``y = act((x - mean) * invstd * weight + bias [+ shortcut])`` in one pass (``act`` in ACTIVATIONS; no
-    ``shortcut`` for PRE_GRAD_ACTIVATIONS).
-
-    Computed in float32 and rounded once to x's dtype (float32 when x and shortcut dtypes differ).
-    """
+def _checked_input(x, shortcut, act):
+    """``(x, shortcut)`` of a fused forward, checked, in one dtype (shortcut may be None)."""
     _check(x)
     _check_act(act)
     if shortcut is not None:
@@ -152,6 +148,16 @@ def bn_act_normalize(x, mean, invstd, weight=None, bias=None, act="relu", shortc
             raise ValueError(f"fused BN -> add -> {act} has no kernel (its backward would need the shortcut)")
         _check_like(shortcut, x, "shortcut")
         x, shortcut = _one_dtype(x, shortcut)
+    return x, shortcut
+
+
+def bn_act_normalize(x, mean, invstd, weight=None, bias=None, act="relu", shortcut=None):
+    """``y = act((x - mean) * invstd * weight + bias [+ shortcut])`` in one pass (``act`` in ACTIVATIONS; no
+    ``shortcut`` for PRE_GRAD_ACTIVATIONS).
+
+    Computed in float32 and rounded once to x's dtype (float32 when x and shortcut dtypes differ).
+    """
+    x, shortcut = _checked_input(x, shortcut, act)
     c = x.shape[1]
     mean, invstd, weight, bias = (_per_channel(v, c) for v in (mean, invstd, weight, bias))
     if backend() == "kernel" and kernel.ready(x, shortcut, mean, invstd, weight, bias):
@@ -200,3 +206,48 @@ def bn_act_backward_elemt(dy, y, x, mean, invstd, weight, sum_dz, sum_dz_xhat, c
     else:
         outs = fallback.act_backward_elemt(dy, y, x, *args)
     return outs if shortcut_grad else outs[0]
+
+
+# ---- one-call local training passes: the statistics and the element-wise passes of a local (not SyncBN) layer
+def _check_count(count, x):
+    if count <= 1:
+        raise ValueError(f"BatchNorm: expected more than 1 value per channel when training, got a local count of "
+                         f"{count} (input {tuple(x.shape)})")
+
+
+def bn_act_train_forward(x, weight=None, bias=None, eps=1e-5, act="identity", shortcut=None):
+    """Local batch-statistics BN -> act [+ shortcut]: ``(y, mean, m2, invstd)``, float32 (C,) statistics with
+    ``invstd = 1 / sqrt(m2 / count + eps)`` (count = :func:`channel_count`, > 1).
+
+    The values of :func:`bn_stats` then :func:`bn_act_normalize`. On CPU one kernel call that finishes each channel
+    before the next (its second pass reads the channel from cache); on GPU and in the fallback those ops in turn.
+    """
+    x, shortcut = _checked_input(x, shortcut, act)
+    _check_count(channel_count(x), x)
+    c = x.shape[1]
+    weight, bias = _per_channel(weight, c), _per_channel(bias, c)
+    if backend() == "kernel" and kernel.ready_on_cpu(x, shortcut, weight, bias):
+        return kernel.act_train_forward(x, shortcut, weight, bias, float(eps), act)
+    mean, m2 = bn_stats(x)
+    invstd = (m2 * (1.0 / channel_count(x)) + float(eps)) ** -0.5
+    return bn_act_normalize(x, mean, invstd, weight, bias, act, shortcut), mean, m2, invstd
+
+
+def bn_act_train_backward(dy, y, x, mean, invstd, weight=None, bias=None, act="identity", shortcut_grad=False):
+    """The backward of :func:`bn_act_train_forward`: ``(dx, dshortcut or None, sum_dz, sum_dz_xhat)`` in dy's dtype
+    (the sums = dbias, dweight), as :func:`bn_act_backward_reduce` then :func:`bn_act_backward_elemt` with the
+    local count; ``y`` and ``bias`` as there. On CPU one kernel call, channel by channel."""
+    _check_backward(dy, y, x, act)
+    c = x.shape[1]
+    mean, invstd, weight, bias = (_per_channel(v, c) for v in (mean, invstd, weight, bias))
+    if backend() == "kernel":
+        out_dtype = dy.dtype
+        dy, y, x = _one_dtype(dy, y, x)
+        if kernel.ready_on_cpu(x, dy, y, mean, invstd, weight, bias):
+            dx, ds, s1, s2 = kernel.act_train_backward(dy, y, x, mean, invstd, weight, bias, act, shortcut_grad)
+            dx, ds = (t if t is None or t.dtype == out_dtype else t.astype(out_dtype) for t in (dx, ds))
+            return dx, ds, s1, s2
+    s1, s2 = bn_act_backward_reduce(dy, y, x, mean, invstd, act, weight, bias)
+    grads = bn_act_backward_elemt(dy, y, x, mean, invstd, weight, s1, s2, channel_count(x), act, shortcut_grad, bias)
+    dx, ds = grads if shortcut_grad else (grads, None)
+    return dx, ds, s1, s2
