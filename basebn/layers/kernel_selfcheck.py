@@ -45,7 +45,7 @@ TOLERANCES = {"float32": 1e-4, "float16": 4e-3, "conv": 1e-4, "pool": 1e-6, "syn
 BN_OPS = ("bn_stats", "bn_normalize", "bn_backward_reduce", "bn_backward_elemt")
 # the fused BN -> activation ops (bn_ops.bn_act_*): in the "bn" family, on the same backend switch
 BN_ACT_OPS = ("bn_act_normalize", "bn_add_act_normalize", "bn_act_backward_reduce", "bn_act_backward_elemt",
-              "bn_add_act_backward_elemt")
+              "bn_add_act_backward_elemt", "bn_act_train_forward", "bn_act_train_backward")
 CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
 # the max-pool ops: built with the conv ops and on the same switch ($BASEBN_CONV_BACKEND), so in their family
 POOL_OPS = ("max_pool_fwd", "max_pool_bwd")
@@ -259,7 +259,11 @@ def _check_bn_act(quick, reps, gpu):
             "bn_act_backward_elemt": lambda: (bn_ops.bn_act_backward_elemt(dy, y, x, mean, invstd, w, s1, s2, cnt,
                                                                            act=act, bias=b),),
             "bn_add_act_backward_elemt": lambda: bn_ops.bn_act_backward_elemt(dy, y, x, mean, invstd, w, s1, s2, cnt,
-                                                                              act=act, shortcut_grad=True, bias=b)}
+                                                                              act=act, shortcut_grad=True, bias=b),
+            # the one-call local training passes (CPU kernels; composed from the ops above on GPU)
+            "bn_act_train_forward": lambda: bn_ops.bn_act_train_forward(x, w, b, _EPS, act, sc if residual else None),
+            "bn_act_train_backward": lambda: tuple(t for t in bn_ops.bn_act_train_backward(
+                dy, y, x, mean, invstd, w, b, act, shortcut_grad=residual) if t is not None)}
         if not residual:
             calls = {op: call for op, call in calls.items() if not op.startswith("bn_add_")}
         for op, call in calls.items():
