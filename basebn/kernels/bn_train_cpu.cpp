@@ -2,15 +2,21 @@
 // bn_act_kernels.h): the forward computes the batch statistics, invstd and y in one op; the backward the two
 // sums and dx [and dshortcut] in one op. Local BN only: SyncBN needs its collectives between the passes.
 //
-// Channel-major: channels are split statically over OpenMP threads, and each thread finishes a channel before
-// the next, so the second pass over a channel's N rows (normalize after the statistics; elemt after the sums)
-// reads them from this core's cache instead of memory (a channel of 128 x 28 x 28 float32 is 400 KB; L2 here is
-// 1 MB per core): the unfused passes read every tensor from memory twice. The arithmetic is the unfused
-// kernels', in the same order (rows::row_moments and merge_channel_rows for the statistics, act_rows::masked_sums
-// per row summed in n order for the backward), so mean, m2 and the sums are bitwise those of the unfused ops
-// at any thread count. Too few channels to share out (C < 4 threads and not a multiple of them), or S < 32
-// (the unfused statistics take their columns path there): the unfused entry points are called in turn.
+// Two plans, the same bits. Channel-major, when what a pass reads does not stay in the last-level cache between
+// its two sweeps (over half of it): channels split statically over OpenMP threads, each thread finishing a channel
+// before the next, so the second sweep over a channel's N rows (normalize after the statistics; elemt after the
+// sums) reads them from this core's cache (a channel of 32 x 56 x 56 float32 is 400 KB; L2 here is 1 MB per
+// core) instead of memory. Otherwise, and where the channels cannot be shared out (C < 4 threads and not a
+// multiple of them) or rows are short (S < 512), the unfused entry points in turn: their row order
+// streams better, and a tensor that stays in the last-level cache gains nothing from channel order (measured:
+// channel_threads). Both: one op instead of two plus the MegEngine ops between them. The arithmetic is the
+// unfused kernels', in the same order (rows::row_moments and merge_channel_rows for the statistics,
+// act_rows::masked_sums per row summed in n order for the backward), so mean, m2 and the sums are bitwise those
+// of the unfused ops on either plan, at any thread count.
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "bn_act_cpu_rows.h"
@@ -27,11 +33,39 @@ namespace {
 
 using namespace act_rows;
 
+// The level-3 cache in bytes: sysfs (what lscpu reads; sysconf's figure was 8x too large on a VM here), else
+// 32 MB.
+int64_t last_level_cache() {
+    static const int64_t bytes = [] {
+        int64_t v = 0;
+        if (FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
+            long long n = 0;
+            char unit = 0;
+            if (std::fscanf(f, "%lld%c", &n, &unit) >= 1)
+                v = n * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
+            std::fclose(f);
+        }
+        return v > 0 ? v : int64_t(32) << 20;
+    }();
+    return bytes;
+}
+
+// threads for the channel-major plan, or 0 when the unfused passes should run instead. `bytes`: what the pass
+// reads. Channel-major pays only when that does not stay in the last-level cache between the sweeps and the rows
+// are long (measured on a 2-core EPYC, 32 MB L3, BN-ReLU backward, one op vs the unfused two, interleaved in one
+// process: 32x64x56^2 (S = 3136, 77 MB) 0.73-0.74x at 1 and 2 threads; 128x32x28^2 (S = 784, 38 MB) 0.92-1.01x;
+// 32x256x14^2 (S = 196, 19 MB) 1.1-1.45x slower: 784-byte rows 200 KB apart stream worse than the row order).
+constexpr int64_t kChannelMajorMinS = 512;
+
 constexpr int64_t kRowMinS = 32;  // bn_cpu.cpp's: below it the unfused statistics take the columns path
 
-// threads for the channel-major plan, or 0 when the unfused passes should run instead
-int channel_threads(const Dims& d) {
-    if (d.S < kRowMinS)
+// $BASEBN_BN_TRAIN_PLAN = "channels" / "rows" forces a plan (tests: their tensors are small), else by size
+int channel_threads(const Dims& d, int64_t bytes) {
+    const char* plan = std::getenv("BASEBN_BN_TRAIN_PLAN");
+    const bool forced = plan != nullptr && std::strcmp(plan, "channels") == 0;
+    if (plan != nullptr && std::strcmp(plan, "rows") == 0)
+        return 0;
+    if (d.S < kRowMinS || (!forced && (d.S < kChannelMajorMinS || bytes <= last_level_cache() / 2)))
         return 0;
     int64_t nt = std::min<int64_t>(thread_cap(), d.C);
     nt = std::max<int64_t>(1, std::min<int64_t>(nt, d.N * d.C * d.S / kMinElemsPerThread));
@@ -117,7 +151,8 @@ void act_train_forward(const Tensor& x, const Tensor* shortcut, const Tensor* we
     custom_assert(d.N * d.S > 1, "act_train_forward needs more than one value per channel");
     if (shortcut != nullptr)
         same_dtype(*shortcut, x, "shortcut and x");
-    const int nt = channel_threads(d);
+    const int64_t elem = x.dtype().enumv() == custom::DTypeEnum::float16 ? 2 : 4;
+    const int nt = channel_threads(d, d.N * d.C * d.S * elem * (shortcut != nullptr ? 2 : 1));
     if (nt == 0) {  // the unfused passes
         stats(x, mean, m2, force_strided);
         const float* q = dense_out<float>(m2);
@@ -151,7 +186,9 @@ void act_train_backward(const Tensor& dy, const Tensor& y, const Tensor& x, cons
     same_dtype(y, x, "y and x");
     const Dims d = dims_of(x);
     custom_assert(d.N * d.S > 0, "act_train_backward needs a non-empty input");
-    const int nt = channel_threads(d);
+    const int64_t elem = x.dtype().enumv() == custom::DTypeEnum::float16 ? 2 : 4;
+    const bool reads_y = act == kBnActRelu || act == kBnActRelu6;
+    const int nt = channel_threads(d, d.N * d.C * d.S * elem * (reads_y ? 3 : 2));
     if (nt == 0) {  // the unfused passes
         act_backward_reduce(dy, y, x, mean, invstd, weight, bias, act, sum_dz, sum_dz_xhat, force_strided);
         act_backward_elemt(dy, y, x, mean, invstd, weight, bias, sum_dz, sum_dz_xhat,

@@ -2,7 +2,8 @@
 transcription of batch-statistics BN -> [add shortcut] -> activation and its gradient, on both backends. On the
 kernels also: their statistics, sums and outputs are bitwise those of the unfused ops (bn_stats, bn_act_normalize,
 bn_act_backward_reduce, bn_act_backward_elemt) given the same invstd, and do not depend on the thread count, on
-the channel-major plan and on the unfused one (C = 8 at 3 threads; S < 32)."""
+either plan: channel-major or the unfused passes in turn ($BASEBN_BN_TRAIN_PLAN forces one; by size otherwise, and
+these tensors are small), and the unfused one where channel-major cannot apply (C = 8 at 3 threads; S < 32)."""
 import numpy as np
 import pytest
 
@@ -14,6 +15,13 @@ from tests.support.bn_ops import forced_strided_kernels
 
 ACTS = list(bn_ops.ACTIVATIONS)
 EPS = 1e-5
+
+
+@pytest.fixture(autouse=True, params=["channels", "rows"])
+def plan(request, monkeypatch):
+    """Each test on both plans of the kernel ops (the fallback has one)."""
+    monkeypatch.setenv("BASEBN_BN_TRAIN_PLAN", request.param)
+    return request.param
 
 
 def _axes(x):
@@ -128,9 +136,9 @@ def test_kernel_equals_the_unfused_ops(kernels, shape, act):
             np.testing.assert_array_equal(t[name].numpy(), want.numpy(), err_msg=name)
 
 
-def test_kernel_does_not_depend_on_thread_count(kernels, monkeypatch):
-    """C = 8: channel-major at 1, 2 and 4 threads, the unfused plan at 3 (8 < 4 * 3, not a multiple): the same
-    bits everywhere."""
+def test_kernel_does_not_depend_on_thread_count(kernels, monkeypatch, plan):
+    """C = 8, forced channel-major: channel-major at 1, 2 and 4 threads, the unfused passes at 3 (8 < 4 * 3, not a
+    multiple); and the unfused passes throughout: the same bits everywhere."""
     rng = np.random.default_rng(12)
     x = mge.tensor((rng.standard_normal((24, 8, 40, 40)) * 3 + 2).astype(np.float32))
     s = mge.tensor(rng.standard_normal((24, 8, 40, 40)).astype(np.float32))
