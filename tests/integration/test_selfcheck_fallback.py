@@ -26,7 +26,7 @@ WARNING = "basebn self-check:"
 # the ops that compute bn_normalize_elem: the plain normalisation, the fused BN -> activation (-> add) forwards, and
 # the fused backwards (reduce, elemt), whose SiLU / HSwish cases recompute the pre-activation with it
 NORMALIZE_OPS = ["bn_normalize", "bn_act_normalize", "bn_add_act_normalize", "bn_act_backward_reduce",
-                 "bn_act_backward_elemt"]
+                 "bn_act_backward_elemt", "bn_act_train_forward", "bn_act_train_backward"]
 
 
 @pytest.fixture(scope="module")
