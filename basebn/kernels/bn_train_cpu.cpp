@@ -7,7 +7,7 @@
 // before the next, so the second sweep over a channel's N rows (normalize after the statistics; elemt after the
 // sums) reads them from this core's cache (a channel of 32 x 56 x 56 float32 is 400 KB; L2 here is 1 MB per
 // core) instead of memory. Otherwise, and where the channels cannot be shared out (C < 4 threads and not a
-// multiple of them) or rows are short (S < 512), the unfused entry points in turn: their row order
+// multiple of them) or rows are short (S < 2048), the unfused entry points in turn: their row order
 // streams better, and a tensor that stays in the last-level cache gains nothing from channel order (measured:
 // channel_threads). Both: one op instead of two plus the MegEngine ops between them. The arithmetic is the
 // unfused kernels', in the same order (rows::row_moments and merge_channel_rows for the statistics,
@@ -53,9 +53,10 @@ int64_t last_level_cache() {
 // threads for the channel-major plan, or 0 when the unfused passes should run instead. `bytes`: what the pass
 // reads. Channel-major pays only when that does not stay in the last-level cache between the sweeps and the rows
 // are long (measured on a 2-core EPYC, 32 MB L3, BN-ReLU backward, one op vs the unfused two, interleaved in one
-// process: 32x64x56^2 (S = 3136, 77 MB) 0.73-0.74x at 1 and 2 threads; 128x32x28^2 (S = 784, 38 MB) 0.92-1.01x;
-// 32x256x14^2 (S = 196, 19 MB) 1.1-1.45x slower: 784-byte rows 200 KB apart stream worse than the row order).
-constexpr int64_t kChannelMajorMinS = 512;
+// process, benchmarks/bench_bn_train_ops.py: 32x64x56^2 (S = 3136, 77 MB) 0.73-0.88x at 1 and 2 threads;
+// 128x32x28^2 (S = 784, 38 MB) 0.92-1.07x on a loaded machine, 1.21-1.39x slower on a quiet one; 32x256x14^2
+// (S = 196, 19 MB) 1.1-1.45x slower: short rows far apart stream worse than the row order).
+constexpr int64_t kChannelMajorMinS = 2048;
 
 constexpr int64_t kRowMinS = 32;  // bn_cpu.cpp's: below it the unfused statistics take the columns path
 
