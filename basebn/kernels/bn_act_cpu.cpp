@@ -7,16 +7,9 @@
 // The backward reduce sums each row in float chunks of kChunk elements (each over kLanes fixed float lanes)
 // into double, then the rows of a channel in n order: the result does not depend on the thread count. Without
 // OpenMP (-fopenmp absent) the kernels run on one thread. Non-contiguous inputs (or force_strided) are gathered
-// first.
-// Threads: $BASEBN_NUM_THREADS, else OpenMP's default (OMP_NUM_THREADS, else the cores).
+// first. Threads, and the helpers shared with bn_train_cpu.cpp: bn_act_cpu_rows.h.
 #include <algorithm>
-#include <cstdlib>
-#include <type_traits>
 #include <vector>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "bn_act_cpu_rows.h"
 #include "bn_act_kernels.h"

@@ -14,8 +14,8 @@ from megengine.core.ops import custom
 from ..kernel_library import KernelUnavailableError, load_kernels, wait_for_inputs
 from .backend import requested_backend
 
-__all__ = ["ready", "ready_on_cpu", "stats", "normalize", "backward_reduce", "backward_elemt", "ACT_CODES", "act_normalize",
-           "act_backward_reduce", "act_backward_elemt", "act_train_forward", "act_train_backward"]
+__all__ = ["ready", "ready_on_cpu", "stats", "normalize", "backward_reduce", "backward_elemt", "ACT_CODES",
+           "act_normalize", "act_backward_reduce", "act_backward_elemt", "act_train_forward", "act_train_backward"]
 
 # True: the CPU kernels gather every input as if it were non-contiguous (tests of that path)
 _force_strided = False
