@@ -22,7 +22,7 @@ from .checkpoint import CheckpointError
 from .config import ConfigError
 from .data import DataError
 from .engine.run_dir import RunDirError
-from .utils.cpu_runtime import tune_cpu_runtime
+from .utils.cpu_runtime import lower_event_poller_priority, tune_cpu_runtime
 from .zoo import ZooError
 
 __all__ = ["USER_ERRORS", "Terminated", "cli_main", "quiet_device_probe"]
@@ -43,15 +43,19 @@ def quiet_device_probe():
     """Probe for CUDA once with stderr silenced: on a CPU machine MegEngine prints a five-line banner and
     `debug: failed to load cuda func` lines at its first device query; after the probe nothing is silenced.
     Without CUDA, :func:`.utils.cpu_runtime.tune_cpu_runtime` runs before the probe's first operation (which
-    reads the worker spin; MegEngine's warning that names the spin goes to the silenced stderr)."""
+    reads the worker spin; MegEngine's warning that names the spin goes to the silenced stderr), and
+    :func:`.utils.cpu_runtime.lower_event_poller_priority` after it (the operation starts MegEngine's poller)."""
     sys.stderr.flush()
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        if not mge.is_cuda_available():
+        on_cpu = not mge.is_cuda_available()
+        if on_cpu:
             tune_cpu_runtime()
         mge.tensor(0).numpy()
+        if on_cpu:
+            lower_event_poller_priority()
     finally:
         os.dup2(saved, 2)
         os.close(saved)

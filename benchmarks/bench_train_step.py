@@ -1,7 +1,7 @@
 """One CPU training step (forward, backward, SGD update, loss.item()): basebn vs plain MegEngine vs PyTorch.
 
     .venv/bin/python benchmarks/bench_train_step.py [--models resnet20 resnet18 mbnetv2] [--threads 1 2]
-        [--runners basebn basebn-untuned mge torch torchc]
+        [--runners basebn basebn-poller basebn-untuned mge torch torchc]
         [--rounds 4] [--steps 2] [--warmup 2] [--torch-python PY | --install-torch] [--json OUT] [--profile]
 
 Models: ResNet-20 width 16 (small stem) on 1x28x28 batch 128; ResNet-18 (ImageNet stem) on 3x112x112
@@ -9,6 +9,7 @@ batch 32; MobileNetV2 x1.0 on 3x112x112 batch 32. Runners, each in its own proce
 thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
   basebn  build_model(...) as the trainer builds it (basebn Conv2d, BatchNorm2d), build_optimizer's SGD, in a
           process started as basebn.train starts (tune_cpu_runtime, then use_inline_cpu_device: cpu:default)
+  basebn-poller   as basebn, but MegEngine's event poller keeps its normal priority (lower_event_poller_priority skipped)
   basebn-untuned  the same with MegEngine's and glibc's default device (cpu0), worker spin and malloc settings
   basebn-cpu0     tuned, but on MegEngine's cpu0 device (its kernels on a dispatcher thread) instead of cpu:default
   mge     the same model with every conv / BN turned into plain M.Conv2d / M.BatchNorm2d, MegEngine's SGD
@@ -46,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import basebn.cli as basebn_cli  # noqa: E402
 import basebn.layers.conv as conv_module  # noqa: E402
 from basebn.cli import quiet_device_probe  # noqa: E402
 from basebn.config import BaseConfig  # noqa: E402
@@ -266,10 +268,12 @@ def worker_main(args):
     do (quiet_device_probe: tune_cpu_runtime before the first operation); ``basebn-untuned`` and ``mge`` keep
     MegEngine's and glibc's defaults; ``basebn`` then runs on MegEngine's inline CPU device as basebn.train
     (use_inline_cpu_device), ``basebn-cpu0`` stays on cpu0."""
-    if args.worker in ("basebn", "basebn-cpu0"):
+    if args.worker == "basebn-poller":
+        basebn_cli.lower_event_poller_priority = lambda: []  # the A/B of that one setting
+    if args.worker in ("basebn", "basebn-poller", "basebn-cpu0"):
         quiet_device_probe()
     device = args.device
-    if not device and args.worker == "basebn":
+    if not device and args.worker in ("basebn", "basebn-poller"):
         use_inline_cpu_device()
     elif not device:
         device = "cpu0"
@@ -551,7 +555,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"], choices=["basebn", "basebn-untuned", "basebn-cpu0", "mge", "torch", "torchc"],
+    ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"], choices=["basebn", "basebn-poller", "basebn-untuned", "basebn-cpu0", "mge", "torch", "torchc"],
                     help="torchc: PyTorch with torch.compile (inductor, CPU), the higher anchor")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per runner per round")
@@ -562,7 +566,8 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="also profile basebn's step and PyTorch's")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--worker", choices=["basebn", "basebn-untuned", "basebn-cpu0", "mge"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["basebn", "basebn-poller", "basebn-untuned", "basebn-cpu0", "mge"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--device", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

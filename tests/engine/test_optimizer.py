@@ -4,7 +4,9 @@ import pytest
 
 import megengine as mge
 import megengine.module as M
+import megengine.functional as F
 import megengine.optimizer as optim
+from megengine.autodiff import GradManager
 
 from basebn.engine.optimizer import InplaceSGD, param_groups
 from basebn.layers.batch_norm import BatchNorm2d
@@ -57,6 +59,64 @@ def test_inplace_sgd_matches_numpy_and_megengine(momentum, nesterov, wd):
         bufs = [state["state"][i]["momentum_buffer"] for i in range(len(SHAPES))]
         for b, r in zip(bufs, ref_bufs):
             np.testing.assert_allclose(np.asarray(b), r, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("momentum,nesterov", [(0.9, False), (0.9, True), (0.0, False)])
+def test_many_parameters_some_without_grad(momentum, nesterov):
+    """19 parameters in two groups, two without a gradient (left as they are), one gradient non-contiguous: every
+    parameter and buffer as numpy's."""
+    rng = np.random.default_rng(2)
+    shapes = [(5,), (70000,), (3, 4), (2, 3, 3, 3), (1,)] * 3 + [(7, 2), (2,), (4, 4), (3,)]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    no_grad = {3, 11}
+    params = [mge.Parameter(p) for p in init]
+    opt = InplaceSGD([{"params": params[:10], "weight_decay": 1e-2}, {"params": params[10:], "weight_decay": 0.0}],
+                   lr=0.05, momentum=momentum, nesterov=nesterov)
+    wds = [1e-2] * 10 + [0.0] * 9
+    steps = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
+    for grads in steps:
+        for i, (p, g) in enumerate(zip(params, grads)):
+            if i in no_grad:
+                continue
+            p.grad = mge.tensor(np.ascontiguousarray(g.T)).transpose(*range(g.ndim)[::-1]) if i == 5 else mge.tensor(g)
+        opt.step()
+        opt.clear_grad()
+    ref_params, ref_bufs = numpy_sgd([p for i, p in enumerate(init) if i not in no_grad],
+                                     [[g for i, g in enumerate(gs) if i not in no_grad] for gs in steps], 0.05,
+                                     momentum, [w for i, w in enumerate(wds) if i not in no_grad], nesterov)
+    got = [p.numpy() for i, p in enumerate(params) if i not in no_grad]
+    for a, r in zip(got, ref_params):
+        np.testing.assert_allclose(a, r, rtol=0, atol=1e-5)
+    for i in no_grad:
+        np.testing.assert_array_equal(params[i].numpy(), init[i])
+    if momentum:
+        state = opt.state_dict()["state"]
+        bufs = [np.asarray(state[i]["momentum_buffer"]) for i in range(len(shapes)) if i not in no_grad]
+        for b, r in zip(bufs, ref_bufs):
+            np.testing.assert_allclose(b, r, rtol=0, atol=1e-5)
+
+
+def test_parameters_stay_attached_after_steps():
+    """The update writes the parameters in place: the module and the GradManager keep training the same Parameter
+    objects, and the loss falls."""
+    rng = np.random.default_rng(4)
+    net = M.Linear(6, 3)
+    ids = [id(p) for p in net.parameters()]
+    gm = GradManager().attach(net.parameters())
+    opt = InplaceSGD(net.parameters(), lr=0.1, momentum=0.9)
+    x = mge.tensor(rng.standard_normal((16, 6)).astype(np.float32))
+    y = mge.tensor(rng.integers(0, 3, 16).astype(np.int32))
+    losses = []
+    for _ in range(5):
+        with gm:
+            loss = F.nn.cross_entropy(net(x), y)
+            gm.backward(loss)
+        assert all(p.grad is not None for p in net.parameters())
+        opt.step()
+        opt.clear_grad()
+        losses.append(float(loss.item()))
+    assert [id(p) for p in net.parameters()] == ids
+    assert losses[-1] < losses[0]
 
 
 def test_state_dict_loads_into_megengine_sgd_and_continues_the_same():

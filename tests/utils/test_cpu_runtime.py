@@ -1,5 +1,6 @@
 """tune_cpu_runtime: MegEngine reads the capped worker spin, a user's own value wins, and freed blocks stay mapped
-(checked with the kernel's minor-fault counter and MegEngine's own log line, not with basebn's code)."""
+(checked with the kernel's minor-fault counter and MegEngine's own log line, not with basebn's code);
+lower_event_poller_priority: the kernel reports nice 19 for MegEngine's poller thread and 0 for the others."""
 import os
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import textwrap
 
 import pytest
 
-from basebn.utils.cpu_runtime import WORKER_MAX_SPIN
+from basebn.utils.cpu_runtime import EVENT_POLLER_THREAD, WORKER_MAX_SPIN, lower_event_poller_priority
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -105,3 +106,33 @@ def test_megengine_runs_on_its_inline_cpu_device_and_custom_ops_see_fresh_inputs
     tuned, physical, errors = out.stdout.strip().splitlines()[-3:]
     assert tuned == "cpu:default" and physical == "cpu:default"  # MegEngine's own report of the device
     assert max(float(v) for v in errors.split()) < 1e-5, errors
+
+
+_POLLER = """
+    import os
+    from basebn.cli import quiet_device_probe
+    quiet_device_probe()
+    for tid in sorted(os.listdir("/proc/self/task")):
+        stat = open(f"/proc/self/task/{tid}/stat").read()
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        print(comm, rest[16])  # field 19 of proc(5): the nice value, as the kernel keeps it
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_the_cli_probe_gives_megengines_event_poller_the_lowest_priority():
+    out = _run(_POLLER)
+    assert out.returncode == 0, out.stderr
+    nice = [line.rsplit(" ", 1) for line in out.stdout.strip().splitlines()]
+    poller = [int(v) for name, v in nice if name == EVENT_POLLER_THREAD]
+    others = [int(v) for name, v in nice if name != EVENT_POLLER_THREAD]
+    assert poller == [19], out.stdout  # started by the probe's first tensor, then lowered
+    assert others and all(v == os.getpriority(os.PRIO_PROCESS, 0) for v in others), out.stdout  # (inherited)
+
+
+def test_no_poller_thread_or_a_vanished_one_changes_nothing(tmp_path):
+    for tid, comm in (("101", "python"), ("999999999", EVENT_POLLER_THREAD)):  # the second thread has ended
+        os.makedirs(tmp_path / tid)
+        (tmp_path / tid / "comm").write_text(comm + "\n")
+    assert lower_event_poller_priority(str(tmp_path)) == []
+    assert lower_event_poller_priority(str(tmp_path / "missing")) == []
