@@ -1,6 +1,7 @@
 """tune_cpu_runtime: MegEngine reads the capped worker spin, a user's own value wins, and freed blocks stay mapped
 (checked with the kernel's minor-fault counter and MegEngine's own log line, not with basebn's code);
-lower_event_poller_priority: the kernel reports nice 19 for MegEngine's poller thread and 0 for the others."""
+lower_event_poller_priority: the kernel reports nice 19 for MegEngine's poller thread and the inherited value for
+the others."""
 import os
 import subprocess
 import sys
