@@ -7,8 +7,12 @@ batch's statistics. A batch whose mean or variance holds a NaN or inf leaves the
 cleared by :func:`take_nonfinite_counts`. The counter lives in a plain holder object, never a Tensor
 attribute, so state dicts gain no key.
 """
+import numpy as np
+
 import megengine as mge
 import megengine.functional as F
+
+from . import bn_ops
 
 __all__ = ["record_batch", "apply_running_update", "take_nonfinite_counts", "snapshot_running_stats",
            "restore_running_stats"]
@@ -30,12 +34,17 @@ def _all_finite(*tensors):
     return total == 0
 
 
-def _count_nonfinite(bn, ok):
+def _counter(bn):
     holder = bn.__dict__.get("_nonfinite_counter")
     if holder is None:
         holder = _Counter()
         bn.__dict__["_nonfinite_counter"] = holder
-    bad = 1 - ok.astype("int32")
+    return holder
+
+
+def _count_nonfinite(bn, ok):
+    holder = _counter(bn)
+    bad = (1 - ok.astype("int32")).reshape(1)
     holder.value = bad if holder.value is None else holder.value + bad
 
 
@@ -44,21 +53,28 @@ def apply_running_update(bn, mean, var):
 
     MegEngine's momentum convention (``keep = momentum``; ``momentum=None``: cumulative average over the
     finite batches). A non-finite batch leaves both buffers bit-identical and is counted for the layer.
+    With a momentum this is one :func:`.bn_ops.bn_running_update` (one kernel call on CPU).
     """
     shape = tuple(bn.running_mean.shape)
     mean, var = mean.reshape(shape), var.reshape(shape)
-    ok = _all_finite(mean, var)
-    _count_nonfinite(bn, ok)
     tracked = getattr(bn, "num_batches_tracked", 0)
-    if bn.momentum is None:  # a cumulative average needs the count on the host
-        finite = bool(ok.item())
-        if not finite:
-            return
+    if bn.momentum is not None:
         bn.num_batches_tracked = tracked + 1
-        keep = 1.0 - 1.0 / bn.num_batches_tracked
-    else:
-        bn.num_batches_tracked = tracked + 1
-        keep = float(bn.momentum)
+        holder = _counter(bn)
+        bad = holder.value
+        if bad is None:
+            bad = mge.tensor(np.zeros(1, np.int32), device=bn.running_mean.device)
+        new_mean, new_var, holder.value = bn_ops.bn_running_update(
+            bn.running_mean, bn.running_var, mean, var, float(bn.momentum), bad)
+        bn.running_mean[...] = new_mean.detach()
+        bn.running_var[...] = new_var.detach()
+        return
+    ok = _all_finite(mean, var)  # a cumulative average needs the count on the host
+    _count_nonfinite(bn, ok)
+    if not bool(ok.item()):
+        return
+    bn.num_batches_tracked = tracked + 1
+    keep = 1.0 - 1.0 / bn.num_batches_tracked
     cond = F.broadcast_to(ok.reshape((1,) * len(shape)), shape)
     new_mean = bn.running_mean * keep + mean * (1.0 - keep)
     new_var = bn.running_var * keep + var * (1.0 - keep)

@@ -41,6 +41,7 @@ __all__ = [
     "ACT_OP_NAMES",
     "CONV_OP_NAMES",
     "POOL_OP_NAMES",
+    "RUNNING_OP_NAMES",
     "set_default_omp_wait_policy",
     "load_kernels",
     "kernel_library",
@@ -58,6 +59,7 @@ ACT_OP_NAMES = ("BasebnBnActNormalize", "BasebnBnAddActNormalize", "BasebnBnActB
                 "BasebnBnActBackwardElemt", "BasebnBnAddActBackwardElemt")
 CONV_OP_NAMES = ("BasebnConvFwd", "BasebnConvBwdData", "BasebnConvBwdFilter")  # only with oneDNN
 POOL_OP_NAMES = ("BasebnMaxPoolFwd", "BasebnMaxPoolBwd")  # only with oneDNN (basebn/kernels/pool_dnnl.cpp)
+RUNNING_OP_NAMES = ("BasebnBnRunningUpdate",)  # the guarded running-statistics update (bn_running_cpu.cpp), CPU
 
 
 class KernelUnavailableError(RuntimeError):
@@ -141,7 +143,8 @@ def _load_spec(spec):
                     f.write(lib_path + "\n")
         finally:
             _flock(lock_file, False)
-    for op in OP_NAMES + ACT_OP_NAMES + (CONV_OP_NAMES + POOL_OP_NAMES if spec.onednn is not None else ()):
+    dnnl_ops = CONV_OP_NAMES + POOL_OP_NAMES if spec.onednn is not None else ()
+    for op in OP_NAMES + ACT_OP_NAMES + RUNNING_OP_NAMES + dnnl_ops:
         if not hasattr(custom, op):
             raise RuntimeError(f"custom op {op} missing after loading {lib_path}")
     return {"path": lib_path, "cuda": spec.with_cuda, "build_dir": spec.build_dir,

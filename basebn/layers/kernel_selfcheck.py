@@ -38,7 +38,7 @@ from .kernel_library import conv_kernel_available, conv_kernel_error, kernel_err
 from .pool_ops import PoolGeometry, max_pool_backward, max_pool_forward
 from .sync_bn import SyncBatchNorm, local_statistics
 
-__all__ = ["TOLERANCES", "BN_OPS", "BN_ACT_OPS", "CONV_OPS", "POOL_OPS", "FAMILIES", "CheckRow", "device_name",
+__all__ = ["TOLERANCES", "BN_OPS", "BN_ACT_OPS", "RUNNING_OPS", "CONV_OPS", "POOL_OPS", "FAMILIES", "CheckRow", "device_name",
            "device_is_gpu", "run_selfcheck", "format_rows"]
 
 TOLERANCES = {"float32": 1e-4, "float16": 4e-3, "conv": 1e-4, "pool": 1e-6, "sync_bn": 1e-4}
@@ -46,10 +46,11 @@ BN_OPS = ("bn_stats", "bn_normalize", "bn_backward_reduce", "bn_backward_elemt")
 # the fused BN -> activation ops (bn_ops.bn_act_*): in the "bn" family, on the same backend switch
 BN_ACT_OPS = ("bn_act_normalize", "bn_add_act_normalize", "bn_act_backward_reduce", "bn_act_backward_elemt",
               "bn_add_act_backward_elemt", "bn_act_train_forward", "bn_act_train_backward")
+RUNNING_OPS = ("bn_running_update",)  # the guarded running-statistics update (bn_ops.bn_running_update)
 CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
 # the max-pool ops: built with the conv ops and on the same switch ($BASEBN_CONV_BACKEND), so in their family
 POOL_OPS = ("max_pool_fwd", "max_pool_bwd")
-FAMILIES = {"bn": BN_OPS + BN_ACT_OPS, "conv": CONV_OPS + POOL_OPS, "sync_bn": ("sync_bn",)}
+FAMILIES = {"bn": BN_OPS + BN_ACT_OPS + RUNNING_OPS, "conv": CONV_OPS + POOL_OPS, "sync_bn": ("sync_bn",)}
 _EPS = 1e-5
 
 
@@ -231,7 +232,7 @@ def _check_bn(quick, reps, gpu):
                 tol = TOLERANCES[dtype] if op in ("bn_normalize", "bn_backward_elemt") else TOLERANCES["float32"]
                 label = op if dtype == "float32" else f"{op} {dtype}"
                 rows.append(errs[(op, dtype)].row(label, "bn", tol))
-    return rows + _check_bn_act(quick, reps, gpu)
+    return rows + _check_bn_act(quick, reps, gpu) + _check_running_update(reps)
 
 
 def _check_bn_act(quick, reps, gpu):
@@ -279,6 +280,25 @@ def _check_bn_act(quick, reps, gpu):
                 tol = TOLERANCES["float32"] if op == "bn_act_backward_reduce" else TOLERANCES[dtype]
                 rows.append(errs[(op, dtype)].row(op if dtype == "float32" else f"{op} {dtype}", "bn", tol))
     return rows
+
+
+def _check_running_update(reps):
+    """One row: the guarded running-statistics update on finite and non-finite batches, (C,) and MegEngine's
+    (1, C, 1, 1) buffers (all three outputs: the two statistics and the non-finite count)."""
+    rng = np.random.default_rng(4)
+    e = _Errors()
+    for shape in ((64,), (1, 256, 1, 1)):
+        for finite in (True, False):
+            rm, m = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+            rv, v = (rng.random(shape).astype(np.float32) + 0.5 for _ in range(2))
+            if not finite:
+                m.reshape(-1)[1] = np.nan
+            args = [mge.tensor(a) for a in (rm, rv, m, v)] + [mge.tensor(np.zeros(1, np.int32))]
+            got, want, tk, tf = _both(lambda: bn_ops.bn_running_update(*args[:4], 0.9, args[4]), reps)
+            for name, g, f in zip(("running_mean", "running_var", "count"), got, want):
+                e.compare(g, f, f"{name} {shape} {'finite' if finite else 'non-finite'}")
+            e.cases, e.kernel_s, e.fallback_s = e.cases + 1, e.kernel_s + tk, e.fallback_s + tf
+    return [e.row("bn_running_update", "bn", TOLERANCES["float32"])]
 
 
 # -------------------------------------------------------------------------------------- conv ops

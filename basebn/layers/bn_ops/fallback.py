@@ -7,7 +7,7 @@ import numpy as np
 import megengine.functional as F
 
 __all__ = ["stats", "normalize", "backward_reduce", "backward_elemt", "act_normalize", "act_backward_reduce",
-           "act_backward_elemt"]
+           "act_backward_elemt", "running_update"]
 
 
 def _bshape(x):
@@ -121,3 +121,13 @@ def act_backward_elemt(dy, y, x, mean, invstd, weight, bias, sum_dz, sum_dz_xhat
     dx = backward_elemt(dz, x, mean, invstd, weight, sum_dz, sum_dz_xhat, count)
     outs = (dx, dz) if shortcut_grad else (dx,)
     return tuple(t if t.dtype == dy.dtype else t.astype(dy.dtype) for t in outs)
+
+
+def running_update(running_mean, running_var, mean, var, keep, bad):
+    """``(running_mean', running_var', bad')``: ``running * keep + batch * (1 - keep)`` when every value of mean and
+    var is finite (``x * 0`` is NaN exactly for NaN/inf), else the running values and ``bad + 1``."""
+    ok = (F.sum(mean * 0.0) + F.sum(var * 0.0)) == 0
+    cond = F.broadcast_to(ok.reshape(1), running_mean.shape)
+    new_mean = F.where(cond, running_mean * keep + mean * (1.0 - keep), running_mean)
+    new_var = F.where(cond, running_var * keep + var * (1.0 - keep), running_var)
+    return new_mean, new_var, bad + (1 - ok.astype("int32")).reshape(1)

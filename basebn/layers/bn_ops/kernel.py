@@ -15,7 +15,8 @@ from ..kernel_library import KernelUnavailableError, load_kernels, wait_for_inpu
 from .backend import requested_backend
 
 __all__ = ["ready", "ready_on_cpu", "stats", "normalize", "backward_reduce", "backward_elemt", "ACT_CODES",
-           "act_normalize", "act_backward_reduce", "act_backward_elemt", "act_train_forward", "act_train_backward"]
+           "act_normalize", "act_backward_reduce", "act_backward_elemt", "act_train_forward", "act_train_backward",
+           "running_update"]
 
 # True: the CPU kernels gather every input as if it were non-contiguous (tests of that path)
 _force_strided = False
@@ -142,3 +143,10 @@ def act_train_backward(dy, y, x, mean, invstd, weight, bias, act, shortcut_grad)
         return tuple(outs)
     dx, s1, s2 = outs
     return dx, None, s1, s2
+
+
+# ---- the guarded running-statistics update (basebn/kernels/bn_running_cpu.cpp), CPU only
+def running_update(running_mean, running_var, mean, var, keep, bad):
+    """``(running_mean', running_var', bad')``: moved by a finite batch, else kept bit for bit and ``bad + 1``."""
+    outs = apply(_op("BasebnBnRunningUpdate", keep=float(keep)), running_mean, running_var, mean, var, bad)
+    return tuple(outs)

@@ -1,0 +1,92 @@
+"""bn_running_update (kernel and fallback) against numpy written from the formula in float32, bit for bit: a finite
+batch moves the running statistics, a non-finite one leaves them untouched and is counted; BatchNorm2d's guard
+reports the count through take_nonfinite_counts on both paths."""
+import numpy as np
+import pytest
+
+import megengine as mge
+
+from basebn.layers import bn_ops
+from basebn.layers.batch_norm import BatchNorm2d
+from basebn.layers.bn_guard import apply_running_update, take_nonfinite_counts
+from basebn.layers.kernel_library import kernel_available
+
+BACKENDS = ["fallback", pytest.param("kernel", marks=pytest.mark.skipif(not kernel_available(),
+                                                                          reason="BN kernels not built"))]
+
+
+def numpy_update(rm, rv, m, v, keep):
+    """float32 products and sum, each rounded as numpy's float32 arithmetic rounds it."""
+    k, k1 = np.float32(keep), np.float32(1.0 - keep)
+    return rm * k + m * k1, rv * k + v * k1
+
+
+def _t(a):
+    return mge.tensor(np.asarray(a))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(7,), (1, 300, 1, 1)])
+@pytest.mark.parametrize("keep", [0.9, 0.1, 0.997])
+def test_a_finite_batch_moves_the_running_statistics_bit_for_bit(backend, shape, keep):
+    rng = np.random.default_rng(0)
+    rm, m = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    rv, v = (rng.random(shape).astype(np.float32) + 0.5 for _ in range(2))
+    with bn_ops.use_backend(backend):
+        new_m, new_v, bad = bn_ops.bn_running_update(_t(rm), _t(rv), _t(m), _t(v), keep, _t(np.zeros(1, np.int32)))
+    want_m, want_v = numpy_update(rm, rv, m, v, keep)
+    np.testing.assert_array_equal(new_m.numpy(), want_m)
+    np.testing.assert_array_equal(new_v.numpy(), want_v)
+    assert tuple(new_m.shape) == shape and bad.numpy().tolist() == [0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad_value", ["nan_mean", "inf_var", "neg_inf_mean"])
+def test_a_non_finite_batch_keeps_the_statistics_and_is_counted(backend, bad_value):
+    rng = np.random.default_rng(1)
+    rm, m = (rng.standard_normal(5).astype(np.float32) for _ in range(2))
+    rv, v = (rng.random(5).astype(np.float32) + 0.5 for _ in range(2))
+    {"nan_mean": m, "inf_var": v, "neg_inf_mean": m}[bad_value][3] = {"nan_mean": np.nan, "inf_var": np.inf,
+                                                                      "neg_inf_mean": -np.inf}[bad_value]
+    with bn_ops.use_backend(backend):
+        bad = _t(np.array([4], np.int32))
+        new_m, new_v, bad = bn_ops.bn_running_update(_t(rm), _t(rv), _t(m), _t(v), 0.9, bad)
+    np.testing.assert_array_equal(new_m.numpy().view(np.uint32), rm.view(np.uint32))
+    np.testing.assert_array_equal(new_v.numpy().view(np.uint32), rv.view(np.uint32))
+    assert bad.numpy().tolist() == [5]
+
+
+@pytest.mark.skipif(not kernel_available(), reason="BN kernels not built")
+def test_kernel_and_fallback_give_the_same_bits():
+    rng = np.random.default_rng(2)
+    rm, m = (rng.standard_normal(1000).astype(np.float32) * 3 for _ in range(2))
+    rv, v = (rng.random(1000).astype(np.float32) * 5 for _ in range(2))
+    outs = {}
+    for backend in ("kernel", "fallback"):
+        with bn_ops.use_backend(backend):
+            outs[backend] = [t.numpy() for t in bn_ops.bn_running_update(
+                _t(rm), _t(rv), _t(m), _t(v), 0.93, _t(np.zeros(1, np.int32)))]
+    for a, b in zip(outs["kernel"], outs["fallback"]):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_layer_guard_counts_non_finite_batches_and_keeps_its_buffers(backend):
+    bn = BatchNorm2d(3, momentum=0.8)
+    rng = np.random.default_rng(3)
+    with bn_ops.use_backend(backend):
+        m, v = rng.standard_normal(3).astype(np.float32), rng.random(3).astype(np.float32)
+        apply_running_update(bn, _t(m), _t(v))
+        after_good = (bn.running_mean.numpy().copy(), bn.running_var.numpy().copy())
+        for _ in range(2):
+            apply_running_update(bn, _t(np.array([0.0, np.nan, 1.0], np.float32)), _t(v))
+        np.testing.assert_array_equal(bn.running_mean.numpy(), after_good[0])
+        np.testing.assert_array_equal(bn.running_var.numpy(), after_good[1])
+        want_m, want_v = numpy_update(np.zeros(3, np.float32), np.ones(3, np.float32), m, v, 0.8)
+        np.testing.assert_array_equal(after_good[0].reshape(-1), want_m)
+        np.testing.assert_array_equal(after_good[1].reshape(-1), want_v)
+        assert take_nonfinite_counts(bn) == {"BatchNorm2d": 2}
+        assert take_nonfinite_counts(bn) == {}
+        apply_running_update(bn, _t(np.array([np.inf, 0.0, 1.0], np.float32)), _t(v))
+        assert take_nonfinite_counts(bn) == {"BatchNorm2d": 1}
+        assert bn.num_batches_tracked == 4
