@@ -26,9 +26,10 @@ using custom::Tensor;
 void compute(const std::vector<Tensor>& in, const Param& params, std::vector<Tensor>& out) {
     wait_for_queued_work();
     const size_t c = in[0].size();
-    for (int i = 1; i < 4; ++i)
+    for (int i = 1; i < 4; ++i) {
         custom_assert(in[i].size() == c, "running update: input %d has %zu values, running_mean %zu", i,
                       in[i].size(), c);
+    }
     custom_assert(in[4].size() == 1, "running update: bad count must have one value, got %zu", in[4].size());
     std::vector<float> rm(c), rv(c), m(c), v(c);
     gather_strided(in[0], rm);

@@ -41,8 +41,8 @@ def test_table_has_one_row_per_op():
     r = _selfcheck("--quick")
     assert r.returncode == 0, r.stdout + r.stderr
     ops = [ln.split()[0] for ln in r.stdout.splitlines()[2:]]
-    assert ops == list(kernel_selfcheck.BN_OPS + kernel_selfcheck.BN_ACT_OPS + kernel_selfcheck.CONV_OPS
-                       + kernel_selfcheck.POOL_OPS) + ["sync_bn"]
+    assert ops == list(kernel_selfcheck.BN_OPS + kernel_selfcheck.BN_ACT_OPS + kernel_selfcheck.RUNNING_OPS
+                       + kernel_selfcheck.CONV_OPS + kernel_selfcheck.POOL_OPS) + ["sync_bn"]
 
 
 def test_unbuildable_library_is_a_one_line_error(tmp_path):
