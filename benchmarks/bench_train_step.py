@@ -9,7 +9,7 @@ batch 32; MobileNetV2 x1.0 on 3x112x112 batch 32. Runners, each in its own proce
 thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
   basebn  build_model(...) as the trainer builds it (basebn Conv2d, BatchNorm2d), build_optimizer's SGD, in a
           process started as basebn.train starts (tune_cpu_runtime, then use_inline_cpu_device: cpu:default)
-  basebn-poller   as basebn, but MegEngine's event poller keeps its normal priority (lower_event_poller_priority skipped)
+  basebn-poller   as basebn, but MegEngine's event poller keeps its priority (lower_event_poller_priority skipped)
   basebn-untuned  the same with MegEngine's and glibc's default device (cpu0), worker spin and malloc settings
   basebn-cpu0     tuned, but on MegEngine's cpu0 device (its kernels on a dispatcher thread) instead of cpu:default
   mge     the same model with every conv / BN turned into plain M.Conv2d / M.BatchNorm2d, MegEngine's SGD

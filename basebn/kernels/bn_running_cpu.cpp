@@ -6,7 +6,8 @@
 // When every value of mean and var is finite: running' = running * keep + batch * (1 - keep), each product and the
 // sum rounded to float32 as MegEngine's element-wise ops round them (keep and 1 - keep are float32 scalars made
 // from the double param, as MegEngine makes them from Python floats; x86-64 without -mfma contracts no FMA, so the
-// bits are the fallback's; GCC on aarch64 may fuse a product and the sum, an ulp apart there). Otherwise running' = running, bit for bit, and bad' = bad + 1 (int32, shape (1,)).
+// bits are the fallback's; GCC on aarch64 may fuse a product and the sum, an ulp apart there). Otherwise
+// running' = running, bit for bit, and bad' = bad + 1 (int32, shape (1,)).
 // It replaces ~20 MegEngine ops per layer and step (~0.6 ms of dispatch on this machine) with one.
 #include <cmath>
 #include <cstdint>

@@ -3,9 +3,9 @@ snapshots for rolling a step back, and the hand-off to an active accumulation (:
 
 :func:`record_batch` is what basebn's BatchNorm2d / SyncBatchNorm / BatchRenorm2d call with a training
 batch's statistics. A batch whose mean or variance holds a NaN or inf leaves the layer's buffers unchanged
-(decided on the device, ``F.where``: no host copy) and adds one to the layer's non-finite count, read and
-cleared by :func:`take_nonfinite_counts`. The counter lives in a plain holder object, never a Tensor
-attribute, so state dicts gain no key.
+(decided on the device by :func:`.bn_ops.bn_running_update`: no host copy with a momentum) and adds one to the
+layer's non-finite count, read and cleared by :func:`take_nonfinite_counts`. The counter lives in a plain holder
+object, never a Tensor attribute, so state dicts gain no key.
 """
 import numpy as np
 
@@ -19,19 +19,10 @@ __all__ = ["record_batch", "apply_running_update", "take_nonfinite_counts", "sna
 
 
 class _Counter:
-    """A device int32 scalar of non-finite batches (a holder, so Module state dicts never see it)."""
+    """A device int32 (1,) count of non-finite batches (a holder, so Module state dicts never see it)."""
 
     def __init__(self):
         self.value = None
-
-
-def _all_finite(*tensors):
-    """A bool scalar tensor: every value of `tensors` is finite (x * 0 is NaN exactly for NaN/inf)."""
-    total = None
-    for t in tensors:
-        s = F.sum(t * 0.0)
-        total = s if total is None else total + s
-    return total == 0
 
 
 def _counter(bn):
@@ -42,44 +33,29 @@ def _counter(bn):
     return holder
 
 
-def _count_nonfinite(bn, ok):
-    holder = _counter(bn)
-    bad = (1 - ok.astype("int32")).reshape(1)
-    holder.value = bad if holder.value is None else holder.value + bad
-
-
 def apply_running_update(bn, mean, var):
     """``running = keep * running + (1 - keep) * batch`` unless `mean`/`var` hold a non-finite value.
 
     MegEngine's momentum convention (``keep = momentum``; ``momentum=None``: cumulative average over the
-    finite batches). A non-finite batch leaves both buffers bit-identical and is counted for the layer.
-    With a momentum this is one :func:`.bn_ops.bn_running_update` (one kernel call on CPU).
+    finite batches). A non-finite batch leaves both buffers bit-identical and is counted for the layer. One
+    :func:`.bn_ops.bn_running_update` (one kernel call on CPU); the cumulative average also reads on the host
+    whether the batch counted, since only finite batches advance its count.
     """
     shape = tuple(bn.running_mean.shape)
     mean, var = mean.reshape(shape), var.reshape(shape)
     tracked = getattr(bn, "num_batches_tracked", 0)
-    if bn.momentum is not None:
-        bn.num_batches_tracked = tracked + 1
-        holder = _counter(bn)
-        bad = holder.value
-        if bad is None:
-            bad = mge.tensor(np.zeros(1, np.int32), device=bn.running_mean.device)
-        new_mean, new_var, holder.value = bn_ops.bn_running_update(
-            bn.running_mean, bn.running_var, mean, var, float(bn.momentum), bad)
-        bn.running_mean[...] = new_mean.detach()
-        bn.running_var[...] = new_var.detach()
-        return
-    ok = _all_finite(mean, var)  # a cumulative average needs the count on the host
-    _count_nonfinite(bn, ok)
-    if not bool(ok.item()):
+    cumulative = bn.momentum is None
+    keep = 1.0 - 1.0 / (tracked + 1) if cumulative else float(bn.momentum)
+    holder = _counter(bn)
+    bad = holder.value
+    if bad is None:
+        bad = mge.tensor(np.zeros(1, np.int32), device=bn.running_mean.device)
+    new_mean, new_var, holder.value = bn_ops.bn_running_update(bn.running_mean, bn.running_var, mean, var, keep, bad)
+    bn.running_mean[...] = new_mean.detach()
+    bn.running_var[...] = new_var.detach()
+    if cumulative and bool((holder.value != bad).item()):  # non-finite: not one of the averaged batches
         return
     bn.num_batches_tracked = tracked + 1
-    keep = 1.0 - 1.0 / bn.num_batches_tracked
-    cond = F.broadcast_to(ok.reshape((1,) * len(shape)), shape)
-    new_mean = bn.running_mean * keep + mean * (1.0 - keep)
-    new_var = bn.running_var * keep + var * (1.0 - keep)
-    bn.running_mean[...] = F.where(cond, new_mean, bn.running_mean).detach()
-    bn.running_var[...] = F.where(cond, new_var, bn.running_var).detach()
 
 
 def record_batch(bn, mean, var, count, groups=None):

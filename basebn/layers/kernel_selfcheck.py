@@ -38,8 +38,8 @@ from .kernel_library import conv_kernel_available, conv_kernel_error, kernel_err
 from .pool_ops import PoolGeometry, max_pool_backward, max_pool_forward
 from .sync_bn import SyncBatchNorm, local_statistics
 
-__all__ = ["TOLERANCES", "BN_OPS", "BN_ACT_OPS", "RUNNING_OPS", "CONV_OPS", "POOL_OPS", "FAMILIES", "CheckRow", "device_name",
-           "device_is_gpu", "run_selfcheck", "format_rows"]
+__all__ = ["TOLERANCES", "BN_OPS", "BN_ACT_OPS", "RUNNING_OPS", "CONV_OPS", "POOL_OPS", "FAMILIES", "CheckRow",
+           "device_name", "device_is_gpu", "run_selfcheck", "format_rows"]
 
 TOLERANCES = {"float32": 1e-4, "float16": 4e-3, "conv": 1e-4, "pool": 1e-6, "sync_bn": 1e-4}
 BN_OPS = ("bn_stats", "bn_normalize", "bn_backward_reduce", "bn_backward_elemt")

@@ -90,3 +90,22 @@ def test_the_layer_guard_counts_non_finite_batches_and_keeps_its_buffers(backend
         apply_running_update(bn, _t(np.array([np.inf, 0.0, 1.0], np.float32)), _t(v))
         assert take_nonfinite_counts(bn) == {"BatchNorm2d": 1}
         assert bn.num_batches_tracked == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_cumulative_average_skips_non_finite_batches(backend):
+    """momentum=None: the running values are the plain average of the finite batches (keep = 1 - 1/n for the n-th
+    finite one), a NaN batch between them neither moves them nor advances n, and is counted."""
+    bn = BatchNorm2d(4, momentum=None)
+    rng = np.random.default_rng(5)
+    m1, m2 = (rng.standard_normal(4).astype(np.float32) for _ in range(2))
+    v1, v2 = (rng.random(4).astype(np.float32) for _ in range(2))
+    with bn_ops.use_backend(backend):
+        apply_running_update(bn, _t(m1), _t(v1))
+        apply_running_update(bn, _t(np.full(4, np.nan, np.float32)), _t(v2))
+        apply_running_update(bn, _t(m2), _t(v2))
+        counts = take_nonfinite_counts(bn)
+    want_m, want_v = numpy_update(m1, v1, m2, v2, 0.5)  # after batch 1 (keep 0) the buffers hold m1 / v1 exactly
+    np.testing.assert_array_equal(bn.running_mean.numpy().reshape(-1), want_m)
+    np.testing.assert_array_equal(bn.running_var.numpy().reshape(-1), want_v)
+    assert bn.num_batches_tracked == 2 and counts == {"BatchNorm2d": 1}

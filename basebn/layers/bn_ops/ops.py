@@ -256,10 +256,9 @@ def bn_act_train_backward(dy, y, x, mean, invstd, weight=None, bias=None, act="i
 def bn_running_update(running_mean, running_var, mean, var, keep, bad):
     """One layer's guarded running-statistics update: ``(running_mean', running_var', bad')``, float32 in the running
     statistics' shape (any, e.g. MegEngine's (1, C, 1, 1)) and an int32 (1,) count. When every value of ``mean`` and
-    ``var`` (float32, as many values) is finite, ``running * keep + batch *
-    (1 - keep)`` (float32 products and sum, as MegEngine's ops round them); otherwise the running values, bit for
-    bit, and ``bad + 1``. On CPU one kernel call instead of ~20 small MegEngine ops; the two paths give the same
-    bits on x86-64."""
+    ``var`` (float32, as many values) is finite, ``running * keep + batch * (1 - keep)`` (float32 products and sum,
+    as MegEngine's ops round them); otherwise the running values, bit for bit, and ``bad + 1``. On CPU one kernel
+    call instead of ~20 small MegEngine ops; the two paths give the same bits on x86-64."""
     shape = tuple(running_mean.shape)
     mean, var = (t if tuple(t.shape) == shape else t.reshape(shape) for t in (mean, var))
     if backend() == "kernel" and kernel.ready_on_cpu(running_mean, running_var, mean, var, bad):
