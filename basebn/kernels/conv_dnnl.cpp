@@ -2,6 +2,8 @@
 //
 //   BasebnConvFwd       (x, w, bias)  -> (y)         params: geometry, has_bias
 //   BasebnConvBwdData   (dy, w)       -> (dx)        params: geometry, in_h, in_w
+//   BasebnConvBwdDataAdd (dy, w, g)   -> (dx + g)    params: as BasebnConvBwdData; g is a second gradient of x
+//                                                    (a residual block's shortcut), added in the output pass
 //   BasebnConvBwdFilter (x, dy)       -> (dw, db)    params: geometry, kernel_h, kernel_w, has_bias
 //
 // Geometry params: stride_h/w, pad_h/w, dilate_h/w (1 = dense), groups. Weights use MegEngine's
@@ -147,6 +149,8 @@ struct Slot {
     dnnl::memory::desc user, want;
     bool reordered = false;
     dnnl::reorder reorder;
+    bool has_reorder_sum = false;  // reorder_sum: the same reorder adding to what the user buffer holds
+    dnnl::reorder reorder_sum;
     size_t offset = 0;  // of the internal buffer in the arena
 };
 
@@ -274,8 +278,83 @@ float* out_ptr(Tensor& t) {
     return t.data<float>();
 }
 
-// Run one op: `ins` / `outs` are user (NCHW / oihw / (O,)) pointers in the entry's slot order.
-void execute(Kind kind, const Geom& g, const std::vector<const float*>& ins, const std::vector<float*>& outs) {
+// dst[i] = src[i] (add false) or dst[i] += src[i] (add true), i < n, on `threads` OpenMP threads.
+void copy_or_add(float* dst, const float* src, size_t n, int threads, bool add) {
+    const int64_t chunk = 1 << 14, chunks = static_cast<int64_t>((n + chunk - 1) / chunk);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+        const size_t b = static_cast<size_t>(c * chunk), e = std::min(n, b + static_cast<size_t>(chunk));
+        if (add) {
+#pragma omp simd
+            for (size_t i = b; i < e; ++i) {
+                dst[i] += src[i];
+            }
+        } else {
+            std::memcpy(dst + b, src + b, (e - b) * sizeof(float));
+        }
+    }
+}
+
+// The channel block of a dense nChw{8,16}c layout (oneDNN's aBcd8b / aBcd16b), else 0.
+dim channel_block(const dnnl::memory::desc& d) {
+    if (d.get_ndims() != 4 || d.get_format_kind() != dnnl::memory::format_kind::blocked || d.get_inner_nblks() != 1 ||
+        d.get_inner_idxs()[0] != 1)
+        return 0;
+    const dim b = d.get_inner_blks()[0];
+    const dims pd = d.get_padded_dims(), st = d.get_strides();
+    if ((b != 8 && b != 16) || st[3] != b || st[2] != pd[3] * b || st[1] != pd[2] * pd[3] * b ||
+        st[0] != pd[1] * pd[2] * pd[3])
+        return 0;
+    return b;
+}
+
+// out (NCHW) = in (nChw{b}c, C padded to a multiple of b) + addend (NCHW): the reorder and the add in one pass.
+void unblock_adding(const float* in, float* out, const float* addend, dim N, dim C, dim HW, dim b, int threads) {
+    const dim blocks = (C + b - 1) / b;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (dim nb = 0; nb < N * blocks; ++nb) {
+        const dim n = nb / blocks, c0 = (nb % blocks) * b;
+        const float* src = in + nb * HW * b;
+        for (dim k = 0; k < b && c0 + k < C; ++k) {
+            const size_t row = static_cast<size_t>((n * C + c0 + k) * HW);
+            float* dst = out + row;
+            const float* add = addend + row;
+#pragma omp simd
+            for (dim s = 0; s < HW; ++s) {
+                dst[s] = src[s * b + k] + add[s];
+            }
+        }
+    }
+}
+
+// Write `internal` (the primitive's layout) to `user` (NCHW) plus `addend` (NCHW, as many elements): one pass for
+// nChw8c / nChw16c; otherwise `user` := addend, then the slot's reorder with a sum post-op (dst = reorder(src) + dst).
+void reorder_adding(Slot& s, dnnl::stream& strm, dnnl::memory& internal, dnnl::memory& user, const float* addend,
+                    int threads) {
+    const dim b = channel_block(s.want);
+    if (b != 0 && s.user.get_ndims() == 4) {
+        const dims d = s.user.get_dims();
+        unblock_adding(static_cast<const float*>(internal.get_data_handle()), static_cast<float*>(user.get_data_handle()),
+                       addend, d[0], d[1], d[2] * d[3], b, threads);
+        return;
+    }
+    if (!s.has_reorder_sum) {
+        dnnl::post_ops po;
+        po.append_sum(1.f);
+        dnnl::primitive_attr attr;
+        attr.set_post_ops(po);
+        s.reorder_sum = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), s.want, engine(), s.user, attr));
+        s.has_reorder_sum = true;
+    }
+    copy_or_add(static_cast<float*>(user.get_data_handle()), addend, s.user.get_size() / sizeof(float), threads,
+                false);
+    s.reorder_sum.execute(strm, internal, user);
+}
+
+// Run one op: `ins` / `outs` are user (NCHW / oihw / (O,)) pointers in the entry's slot order. `addend`
+// (BwdData only, or null): NCHW values added to the first output in the pass that writes it.
+void execute(Kind kind, const Geom& g, const std::vector<const float*>& ins, const std::vector<float*>& outs,
+             const float* addend = nullptr) {
     std::lock_guard<std::mutex> lock(g_mutex);
     const int threads = set_threads();
     Entry& e = entry(kind, g, threads);
@@ -308,12 +387,22 @@ void execute(Kind kind, const Geom& g, const std::vector<const float*>& ins, con
     const dnnl::memory::desc scratch_desc({static_cast<dim>(e.arena_bytes - e.scratch_offset)}, dtype::u8, tag::a);
     args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratch_desc, engine(), arena + e.scratch_offset));
     e.prim.execute(strm, args);
+    strm.wait();
     size_t k = 0;
-    for (const Slot& s : e.outs)
+    for (size_t i = 0; i < e.outs.size(); ++i) {
+        Slot& s = e.outs[i];
+        const float* add = i == 0 ? addend : nullptr;
         if (s.reordered) {
-            s.reorder.execute(strm, back[k].first, back[k].second);
+            if (add != nullptr) {
+                reorder_adding(s, strm, back[k].first, back[k].second, add, threads);
+            } else {
+                s.reorder.execute(strm, back[k].first, back[k].second);
+            }
             ++k;
+        } else if (add != nullptr) {
+            copy_or_add(outs[i], add, s.user.get_size() / sizeof(float), threads, true);
         }
+    }
     strm.wait();
     (void)kind;
 }
@@ -351,6 +440,23 @@ void bwd_data_compute(const std::vector<Tensor>& in, const Param& p, std::vector
     std::vector<float> bdy, bw;
     const std::vector<const float*> ins = {contiguous(in[0], bdy), contiguous(in[1], bw)};
     guarded([&]() { execute(kBwdData, g, ins, {out_ptr(out[0])}); });
+}
+
+void bwd_data_add_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
+    wait_for_queued_work();
+    const Geom g = geometry(kBwdData, in[0].shape(), in[1].shape(), p);
+    const Shape& a = in[2].shape();
+    custom_assert(a.ndim() == 4 && static_cast<dim>(a[0]) == g.N && static_cast<dim>(a[1]) == g.C &&
+                  static_cast<dim>(a[2]) == g.H && static_cast<dim>(a[3]) == g.W,
+                  "conv: the added gradient must have dx's shape (%lld, %lld, %lld, %lld)",
+                  static_cast<long long>(g.N), static_cast<long long>(g.C), static_cast<long long>(g.H),
+                  static_cast<long long>(g.W));
+    if (out[0].size() == 0)
+        return;
+    std::vector<float> bdy, bw, badd;
+    const std::vector<const float*> ins = {contiguous(in[0], bdy), contiguous(in[1], bw)};
+    const float* addend = contiguous(in[2], badd);
+    guarded([&]() { execute(kBwdData, g, ins, {out_ptr(out[0])}, addend); });
 }
 
 void bwd_filter_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
@@ -425,6 +531,20 @@ CUSTOM_OP_REG(BasebnConvBwdData)
         .set_shape_infer(bwd_data_shape)
         .set_dtype_infer(basebn::dnnl_rt::float_dtype)
         .set_compute("x86", bwd_data_compute);
+
+CUSTOM_OP_REG(BasebnConvBwdDataAdd)
+        .set_description("basebn: oneDNN 2-D convolution data gradient plus a second gradient of x: dx + g")
+        .add_input("dy", {"float32"})
+        .add_input("w", {"float32"})
+        .add_input("g", {"float32"})
+        .add_output("dx", {"float32"}) BASEBN_CONV_GEOMETRY_PARAMS
+        .add_param("in_h", 1)
+        .add_param("in_w", 1)
+        .set_device_infer(basebn::dnnl_rt::same_device)
+        .set_format_infer(basebn::dnnl_rt::same_format)
+        .set_shape_infer(bwd_data_shape)
+        .set_dtype_infer(basebn::dnnl_rt::float_dtype)
+        .set_compute("x86", bwd_data_add_compute);
 
 CUSTOM_OP_REG(BasebnConvBwdFilter)
         .set_description("basebn: oneDNN 2-D convolution weight (and bias) gradient from (x, dy)")

@@ -23,6 +23,7 @@ from .conv_ops import ConvGeometry, conv_backend, conv_backward_data, conv_backw
 __all__ = [
     "Conv2d",
     "conv2d",
+    "conv_and_identity",
     "conv_weight_grad",
     "fast_cpu_weight_grad",
     "is_conv2d",
@@ -115,22 +116,27 @@ def _dnnl_applies(x, *others):
 
 
 class _DnnlConv2d(Function):
-    """conv2d on the oneDNN ops; backward computes only the gradients that are recorded."""
+    """conv2d on the oneDNN ops; backward computes only the gradients that are recorded. With ``pass_input``
+    the forward returns ``(y, x)``: x again, whose gradient the backward adds to dx inside the data-gradient op."""
 
-    def __init__(self, geom, need_dx, need_dw, need_db):
+    def __init__(self, geom, need_dx, need_dw, need_db, pass_input=False):
         super().__init__()
         self.geom, self.need_dx, self.need_dw, self.need_db = geom, need_dx, need_dw, need_db
+        self.pass_input = pass_input
 
     def forward(self, x, weight, bias=None):
         self.x = x if self.need_dw else None  # only the weight gradient needs the input
         self.in_hw, self.weight = tuple(x.shape[2:]), weight
         self.bias_shape = None if bias is None else tuple(bias.shape)
-        return conv_forward(x, weight, bias, self.geom)
+        y = conv_forward(x, weight, bias, self.geom)
+        return (y, x) if self.pass_input else y
 
-    def backward(self, dy):
+    def backward(self, dy, dx_passed=None):
         x, weight, geom = self.x, self.weight, self.geom
         self.x = self.weight = None
-        dx = conv_backward_data(dy, weight, self.in_hw, geom) if self.need_dx else None
+        if dy is None:  # only the passed-through x was used
+            return (dx_passed, None) if self.bias_shape is None else (dx_passed, None, None)
+        dx = conv_backward_data(dy, weight, self.in_hw, geom, addend=dx_passed) if self.need_dx else None
         dw = db = None
         if self.need_dw:
             dw, db = conv_backward_weights(x, dy, weight.shape[-2:], geom, with_bias=self.need_db)
@@ -168,6 +174,31 @@ class Conv2d(M.Conv2d):
         if self.padding_mode != "zeros" or self.conv_mode != "cross_correlation":
             return super().calc_conv(inp, weight, bias)
         return conv2d(inp, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+def _passes_input(conv, x):
+    """:func:`conv_and_identity` can hand x's second gradient to ``conv``'s data-gradient op: a plain basebn Conv2d
+    (no hooks, no instance-level ``forward`` such as efficient conv-BN's) on the oneDNN path, x recorded."""
+    return (type(conv) is Conv2d and not conv._forward_pre_hooks and not conv._forward_hooks
+            and "forward" not in conv.__dict__
+            and conv.padding_mode == "zeros" and conv.conv_mode == "cross_correlation"
+            and _FAST["enabled"] and on_cpu(x) and _dnnl_applies(x, conv.weight, conv.bias) and records_grad(x))
+
+
+def conv_and_identity(conv, x):
+    """``(conv(x), x)``: a residual block's first conv and its identity shortcut, from one input.
+
+    Autodiff would sum x's two gradients (through the conv, through the shortcut) with an extra element-wise add
+    on MegEngine's one thread. For a basebn :class:`Conv2d` on the oneDNN path, without hooks, the conv's
+    data-gradient op adds the shortcut's gradient in the pass that writes dx instead (on the conv's threads).
+    Any other ``conv`` (a folded or QAT conv, GPU, ``jit.trace``) is simply called.
+    """
+    if not _passes_input(conv, x):
+        return conv(x), x
+    geom = ConvGeometry(as_pair(conv.stride), as_pair(conv.padding), as_pair(conv.dilation), conv.groups)
+    weight, bias = conv.weight, conv.bias
+    fn = _DnnlConv2d(geom, True, records_grad(weight), bias is not None and records_grad(bias), pass_input=True)
+    return fn(x, weight) if bias is None else fn(x, weight, bias)
 
 
 # ------------------------------------------------------------------ folded conv (conv -> BN in eval)

@@ -10,6 +10,7 @@ import functools
 import os
 from typing import NamedTuple, Tuple
 
+import numpy as np
 from loguru import logger
 
 from megengine.core._imperative_rt.core2 import apply
@@ -106,9 +107,18 @@ def conv_forward(x, weight, bias, geom):
     return y
 
 
-def conv_backward_data(dy, weight, in_hw, geom):
-    """dx of a conv with input spatial size ``in_hw`` = (H, W), from ``dy`` and ``weight``."""
-    (dx,) = _run("BasebnConvBwdData", geom, (dy, weight), in_h=int(in_hw[0]), in_w=int(in_hw[1]))
+def conv_backward_data(dy, weight, in_hw, geom, addend=None):
+    """dx of a conv with input spatial size ``in_hw`` = (H, W), from ``dy`` and ``weight``; plus ``addend`` (a
+    second gradient of x, of dx's shape) when given, added in the pass that writes dx (one op, no extra add)."""
+    hw = dict(in_h=int(in_hw[0]), in_w=int(in_hw[1]))
+    if addend is None:
+        (dx,) = _run("BasebnConvBwdData", geom, (dy, weight), **hw)
+        return dx
+    expected = (dy.shape[0], weight.shape[-3] * geom.groups) + tuple(int(v) for v in in_hw)
+    if tuple(addend.shape) != expected or addend.dtype != np.float32:
+        raise ValueError(f"conv data gradient: the added gradient must be float32 {expected}, got "
+                         f"{addend.dtype} {tuple(addend.shape)}")
+    (dx,) = _run("BasebnConvBwdDataAdd", geom, (dy, weight, addend), **hw)
     return dx
 
 

@@ -57,7 +57,8 @@ OP_NAMES = ("BasebnBnStats", "BasebnBnNormalize", "BasebnBnBackwardReduce", "Bas
 # the fused BN -> activation ops (basebn/kernels/bn_act_cpu.cpp), also always in the library
 ACT_OP_NAMES = ("BasebnBnActNormalize", "BasebnBnAddActNormalize", "BasebnBnActBackwardReduce",
                 "BasebnBnActBackwardElemt", "BasebnBnAddActBackwardElemt")
-CONV_OP_NAMES = ("BasebnConvFwd", "BasebnConvBwdData", "BasebnConvBwdFilter")  # only with oneDNN
+# only with oneDNN
+CONV_OP_NAMES = ("BasebnConvFwd", "BasebnConvBwdData", "BasebnConvBwdDataAdd", "BasebnConvBwdFilter")
 POOL_OP_NAMES = ("BasebnMaxPoolFwd", "BasebnMaxPoolBwd")  # only with oneDNN (basebn/kernels/pool_dnnl.cpp)
 RUNNING_OP_NAMES = ("BasebnBnRunningUpdate",)  # the guarded running-statistics update (bn_running_cpu.cpp), CPU
 

@@ -12,6 +12,7 @@ from numbers import Real
 import megengine.module as M
 
 from ..layers.bn_act import has_act, norm_then_act
+from ..layers.conv import conv_and_identity
 from ..layers.conv_norm_act import ConvNormAct, padded_conv
 from ..layers.drop_path import DropPath
 from ..layers.max_pool import MaxPool2d
@@ -75,6 +76,13 @@ class _Shortcut(M.Module):
                 self.proj = padded_conv(w_in, w_out, 1, stride=stride)
             self.bn = norm_layer(w_out)
 
+    def conv_and_shortcut(self, conv, x):
+        """``(conv(x), shortcut(x))``; an identity shortcut's gradient is summed inside the conv's data-gradient
+        op (:func:`~basebn.layers.conv.conv_and_identity`)."""
+        if self.pool is None and self.proj is None:
+            return conv_and_identity(conv, x)
+        return conv(x), self.shortcut(x)
+
     def shortcut(self, x):
         if self.pool is not None:
             x = self.pool(x)
@@ -102,8 +110,8 @@ class ResBasicBlock(_Shortcut):
         return self.b_bn
 
     def forward(self, x):
-        x_p = self.shortcut(x)
-        x = self.a_act(self.a_bn(self.a(x)))
+        x, x_p = self.conv_and_shortcut(self.a, x)
+        x = self.a_act(self.a_bn(x))
         if has_act(self.b_bn):  # fused: b_bn adds the shortcut and applies the activation
             return self.b_bn(self.b(x), x_p)
         x = self.b_bn(self.b(x))
@@ -134,8 +142,8 @@ class ResBottleneckBlock(_Shortcut):
         return self.c_bn
 
     def forward(self, x):
-        x_p = self.shortcut(x)
-        x = self.a_act(self.a_bn(self.a(x)))
+        x, x_p = self.conv_and_shortcut(self.a, x)
+        x = self.a_act(self.a_bn(x))
         x = self.b_act(self.b_bn(self.b(x)))
         if has_act(self.c_bn):  # fused: c_bn adds the shortcut and applies the activation
             return self.c_bn(self.c(x), x_p)

@@ -11,6 +11,7 @@ from numbers import Real
 import megengine.module as M
 
 from ..layers.bn_act import norm_then_act
+from ..layers.conv import conv_and_identity
 from ..layers.conv_norm_act import padded_conv
 from ..layers.divisible import make_divisible
 from ..layers.drop_path import DropPath
@@ -31,11 +32,17 @@ class InvertedResidual(M.Module):
         return self.proj_bn if self.has_skip else None
 
     def forward(self, x):
-        x_p = x
+        x_p, first = x, self.exp if self.exp is not None else self.dwise
+        if first is not None and self.has_skip:  # the skip's gradient is summed in first's data-gradient op
+            x, x_p = conv_and_identity(first, x)
+        elif first is not None:
+            x = first(x)
         if self.exp is not None:
-            x = self.exp_act(self.exp_bn(self.exp(x)))
+            x = self.exp_act(self.exp_bn(x))
+            if self.dwise is not None:
+                x = self.dwise(x)
         if self.dwise is not None:
-            x = self.dwise_act(self.dwise_bn(self.dwise(x)))
+            x = self.dwise_act(self.dwise_bn(x))
         if self.se is not None:
             x = self.se(x)
         x = self.proj_bn(self.proj(x))

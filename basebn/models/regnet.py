@@ -36,8 +36,8 @@ class RegBottleneckBlock(_Shortcut):
         return self.c_bn
 
     def forward(self, x):
-        x_p = self.shortcut(x)
-        x = self.a_act(self.a_bn(self.a(x)))
+        x, x_p = self.conv_and_shortcut(self.a, x)
+        x = self.a_act(self.a_bn(x))
         x = self.b_act(self.b_bn(self.b(x)))
         if self.se is not None:
             x = self.se(x)

@@ -10,7 +10,7 @@ import megengine.functional as F
 import megengine.module as M
 
 from ..layers.bn_act import norm_act, with_act
-from ..layers.conv import Conv2d
+from ..layers.conv import Conv2d, conv_and_identity
 from ..layers.max_pool import MaxPool2d
 from .norm_factory import norm_factory
 from .weight_init import init_weights_torchvision, zero_init_last_norms
@@ -26,6 +26,14 @@ def conv3x3(cin, cout, stride=1):
 def conv1x1(cin, cout, stride=1):
     """1x1 convolution, no bias."""
     return Conv2d(cin, cout, 1, stride=stride, bias=False)
+
+
+def first_conv_and_shortcut(conv, downsample, x):
+    """``(conv(x), shortcut)`` of a block: ``downsample(x)``, or x itself (``downsample`` None), its gradient then
+    summed inside the conv's data-gradient op (:func:`~basebn.layers.conv.conv_and_identity`)."""
+    if downsample is None:
+        return conv_and_identity(conv, x)
+    return conv(x), downsample(x)
 
 
 class BasicBlock(M.Module):
@@ -46,8 +54,8 @@ class BasicBlock(M.Module):
         return self.bn2
 
     def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = norm_act(self.bn1, self.conv1(x), "relu")
+        out, identity = first_conv_and_shortcut(self.conv1, self.downsample, x)
+        out = norm_act(self.bn1, out, "relu")
         return norm_act(self.bn2, self.conv2(out), "relu", shortcut=identity)
 
 
@@ -70,8 +78,8 @@ class Bottleneck(M.Module):
         return self.bn3
 
     def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = norm_act(self.bn1, self.conv1(x), "relu")
+        out, identity = first_conv_and_shortcut(self.conv1, self.downsample, x)
+        out = norm_act(self.bn1, out, "relu")
         out = norm_act(self.bn2, self.conv2(out), "relu")
         return norm_act(self.bn3, self.conv3(out), "relu", shortcut=identity)
 

@@ -347,3 +347,109 @@ def test_failed_onednn_build_keeps_bn_kernels(tmp_path):
         line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")][-1].split(" ", 4)
         assert line[1:4] == ["kernel", "False", "18.0"]
         assert "simulated oneDNN build failure" in line[4] and ("recorded in" in line[4]) == (attempt == 1)
+
+
+# ---- conv_and_identity: a residual block's first conv adds the identity shortcut's gradient to its dx
+@pytest.fixture
+def added_gradients(monkeypatch):
+    """The ``addend`` of each data-gradient op call (None: plain BasebnConvBwdData)."""
+    seen = []
+
+    def recorded(*a, _f=conv_module.conv_backward_data, **kw):
+        seen.append(kw.get("addend"))
+        return _f(*a, **kw)
+    monkeypatch.setattr(conv_module, "conv_backward_data", recorded)
+    return seen
+
+
+def conv_module_for(case, wd, b):
+    n, c, h, w, o, (kh, kw), stride, pad, dil, groups, bias = case
+    conv = Conv2d(c, o, (kh, kw), stride=stride, padding=pad, dilation=dil, groups=groups, bias=bias)
+    conv.weight = mge.Parameter(wd.reshape(groups, o // groups, c // groups, kh, kw) if groups > 1 else wd)
+    if bias:
+        conv.bias = mge.Parameter(b.reshape(1, -1, 1, 1))
+    return conv
+
+
+@pytest.mark.parametrize("name", list(CASES))  # dx in oneDNN's nChw8c (one pass), nhwc (reorder + sum) and nchw
+def test_conv_and_identity_adds_the_shortcut_gradient_in_the_data_gradient_op(name, added_gradients):
+    case = CASES[name]
+    stride, pad, dil, groups = case[6:10]
+    x, wd, b, rng = make_inputs(case, seed=5)
+    ho_wo = taps(x.shape, wd.shape, stride, pad, dil)[1]
+    dy = rng.standard_normal((x.shape[0], wd.shape[0]) + ho_wo).astype(np.float32)
+    g_shortcut = rng.standard_normal(x.shape).astype(np.float32)
+    conv = conv_module_for(case, wd, b)
+    xp = mge.Parameter(x)
+    gm = GradManager().attach([xp, conv.weight])
+    with gm:
+        y, shortcut = conv_module.conv_and_identity(conv, xp)
+        gm.backward((y * mge.tensor(dy)).sum() + (shortcut * mge.tensor(g_shortcut)).sum())
+    y_ref, dx_ref, dw_ref, _ = reference(x, wd, b, dy, stride, pad, dil, groups)
+    assert len(added_gradients) == 1 and added_gradients[0] is not None  # one op, with the shortcut's gradient
+    np.testing.assert_array_equal(shortcut.numpy(), x)
+    assert rel_err(y.numpy(), y_ref) <= TOL
+    assert rel_err(xp.grad.numpy(), dx_ref + g_shortcut) <= TOL
+    assert rel_err(conv.weight.grad.numpy().reshape(wd.shape), dw_ref) <= TOL
+
+
+def test_conv_and_identity_with_one_branch_unused_or_a_strided_shortcut_gradient(added_gradients):
+    case = CASES["3x3"]
+    x, wd, b, rng = make_inputs(case, seed=6)
+    conv = conv_module_for(case, wd, b)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    for loss_of in (lambda y, s: (s * mge.tensor(g)).sum(),  # only the shortcut: dx = g, no data-gradient op
+                    lambda y, s: (y * y).sum(),  # only the conv: the plain op
+                    # the shortcut read through a transpose: its gradient arrives as a strided view
+                    lambda y, s: (s.transpose(0, 1, 3, 2) * mge.tensor(g.transpose(0, 1, 3, 2))).sum() + y.sum()):
+        xp = mge.Parameter(x)
+        gm = GradManager().attach([xp])
+        with gm:
+            y, s = conv_module.conv_and_identity(conv, xp)
+            gm.backward(loss_of(y, s))
+        xt = mge.Parameter(x)  # MegEngine's own conv and autodiff's add: the reference
+        gm = GradManager().attach([xt])
+        with gm:
+            yt = F.conv2d(xt, conv.weight, conv.bias, 1, 1)
+            gm.backward(loss_of(yt, xt))
+        assert rel_err(xp.grad.numpy(), xt.grad.numpy()) <= TOL
+    assert [a is not None for a in added_gradients] == [False, True]
+
+
+def test_conv_and_identity_calls_other_convs_and_hooked_convs(added_gradients):
+    """A hooked conv runs its hooks (the plain module call); a non-basebn conv is called as it is."""
+    case = CASES["3x3"]
+    x, wd, b, rng = make_inputs(case, seed=7)
+    hooked = conv_module_for(case, wd, b)
+    calls = []
+    hooked.register_forward_hook(lambda m, inp, out: calls.append(m))
+    plain = mge.module.Conv2d(4, 6, 3, padding=1)
+    for conv in (hooked, plain):
+        xp = mge.Parameter(x)
+        gm = GradManager().attach([xp])
+        with gm:
+            y, s = conv_module.conv_and_identity(conv, xp)
+            gm.backward(y.sum() + s.sum())
+        assert s is xp
+    assert calls == [hooked] and all(a is None for a in added_gradients)
+
+
+@pytest.mark.parametrize("model_name, size", [("resnet20", 16), ("resnet18", 32), ("mbnetv2_x035", 32), ("effnetv2_b0", 32), ("resnet50", 32), ("resnet18d", 32),
+                                              ("regnetx_002", 32)])
+def test_block_steps_equal_the_autodiff_sum(model_name, size, monkeypatch, added_gradients):
+    """A training step whose identity shortcuts sum their gradients in the conv op equals the step that leaves
+    the sum to autodiff, bit for bit (the same float32 additions), and the op did take the shortcuts."""
+    mge.random.seed(1)
+    model = build_model(model_name, num_classes=10, in_channels=3)
+    rng = np.random.default_rng(1)
+    x, labels = rng.standard_normal((4, 3, size, size)).astype(np.float32), rng.integers(0, 10, 4).astype(np.int32)
+    mge.random.seed(2)  # the same dropout masks in both steps
+    ours = sgd_step(model, x, labels)
+    assert sum(a is not None for a in added_gradients) > 0
+    monkeypatch.setattr(conv_module, "_passes_input", lambda conv, x: False)
+    count = len(added_gradients)
+    mge.random.seed(2)
+    theirs = sgd_step(model, x, labels)
+    assert all(a is None for a in added_gradients[count:])
+    for k in ours:
+        np.testing.assert_array_equal(ours[k], theirs[k], err_msg=k)
