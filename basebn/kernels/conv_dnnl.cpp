@@ -5,6 +5,9 @@
 //   BasebnConvBwdDataAdd (dy, w, g)   -> (dx + g)    params: as BasebnConvBwdData; g is a second gradient of x
 //                                                    (a residual block's shortcut), added in the output pass
 //   BasebnConvBwdFilter (x, dy)       -> (dw, db)    params: geometry, kernel_h, kernel_w, has_bias
+//   BasebnConvBwd   (dy, w, x, g)     -> (dx [+ g], dw, db)  params: geometry, in_h, in_w, has_bias, has_addend:
+//                                        both gradients in one call, dy reordered once (g: a placeholder without
+//                                        has_addend)
 //
 // Geometry params: stride_h/w, pad_h/w, dilate_h/w (1 = dense), groups. Weights use MegEngine's
 // layout: dense (O, C, kh, kw), grouped (G, O/G, C/G, kh, kw) (a 4-D (O, C/G, kh, kw) is also
@@ -334,8 +337,8 @@ void reorder_adding(Slot& s, dnnl::stream& strm, dnnl::memory& internal, dnnl::m
     const dim b = channel_block(s.want);
     if (b != 0 && s.user.get_ndims() == 4) {
         const dims d = s.user.get_dims();
-        unblock_adding(static_cast<const float*>(internal.get_data_handle()), static_cast<float*>(user.get_data_handle()),
-                       addend, d[0], d[1], d[2] * d[3], b, threads);
+        unblock_adding(static_cast<const float*>(internal.get_data_handle()),
+                       static_cast<float*>(user.get_data_handle()), addend, d[0], d[1], d[2] * d[3], b, threads);
         return;
     }
     if (!s.has_reorder_sum) {
@@ -351,26 +354,28 @@ void reorder_adding(Slot& s, dnnl::stream& strm, dnnl::memory& internal, dnnl::m
     s.reorder_sum.execute(strm, internal, user);
 }
 
-// Run one op: `ins` / `outs` are user (NCHW / oihw / (O,)) pointers in the entry's slot order. `addend`
-// (BwdData only, or null): NCHW values added to the first output in the pass that writes it.
-void execute(Kind kind, const Geom& g, const std::vector<const float*>& ins, const std::vector<float*>& outs,
-             const float* addend = nullptr) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    const int threads = set_threads();
-    Entry& e = entry(kind, g, threads);
-    char* arena = g_arena.get(e.arena_bytes);
-    dnnl::stream strm(engine());
+// Run entry `e` in `arena` (e.arena_bytes long): `ins` / `outs` are user (NCHW / oihw / (O,)) pointers in the entry's
+// slot order; `addend` (or null): NCHW values added to the first output in the pass that writes it; `given` (or
+// null): input slot `given_slot` already in its wanted layout (not reordered again). Returns the memory the
+// primitive read for each input slot.
+std::vector<dnnl::memory> run_entry(Entry& e, char* arena, dnnl::stream& strm, const std::vector<const float*>& ins,
+                                    const std::vector<float*>& outs, const float* addend, int threads,
+                                    const dnnl::memory* given = nullptr, size_t given_slot = 0) {
     std::unordered_map<int, dnnl::memory> args;
+    std::vector<dnnl::memory> read;
     for (size_t i = 0; i < e.ins.size(); ++i) {
         const Slot& s = e.ins[i];
         dnnl::memory user(s.user, engine(), const_cast<float*>(ins[i]));
-        if (s.reordered) {
+        if (given != nullptr && i == given_slot) {
+            read.push_back(*given);
+        } else if (s.reordered) {
             dnnl::memory internal(s.want, engine(), arena + s.offset);
             s.reorder.execute(strm, user, internal);
-            args.emplace(s.arg, internal);
+            read.push_back(internal);
         } else {
-            args.emplace(s.arg, user);
+            read.push_back(user);
         }
+        args.emplace(s.arg, read.back());
     }
     std::vector<std::pair<dnnl::memory, dnnl::memory>> back;  // (internal, user) outputs
     for (size_t i = 0; i < e.outs.size(); ++i) {
@@ -404,7 +409,36 @@ void execute(Kind kind, const Geom& g, const std::vector<const float*>& ins, con
         }
     }
     strm.wait();
-    (void)kind;
+    return read;
+}
+
+// Run one op (see run_entry).
+void execute(Kind kind, const Geom& g, const std::vector<const float*>& ins, const std::vector<float*>& outs,
+             const float* addend = nullptr) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    const int threads = set_threads();
+    Entry& e = entry(kind, g, threads);
+    dnnl::stream strm(engine());
+    run_entry(e, g_arena.get(e.arena_bytes), strm, ins, outs, addend, threads);
+}
+
+// Both gradients of one conv: the data gradient (geometry gd; plus `addend` when not null) into dx, then the weight
+// gradient (gf) into dw (and db), the second reading dy in the layout the first reordered it to when both want
+// the same (dy reordered once). The two entries get disjoint parts of the arena.
+void execute_backward(const Geom& gd, const Geom& gf, const float* dy, const float* w, const float* x, float* dx,
+                      float* dw, float* db, const float* addend) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    const int threads = set_threads();
+    Entry& ed = entry(kBwdData, gd, threads);
+    Entry& ef = entry(kBwdFilter, gf, threads);
+    char* arena = g_arena.get(ed.arena_bytes + ef.arena_bytes);
+    dnnl::stream strm(engine());
+    const std::vector<dnnl::memory> read = run_entry(ed, arena, strm, {dy, w}, {dx}, addend, threads);
+    const bool share = ed.ins[0].want == ef.ins[1].want;  // bwd-data slot 0 and bwd-filter slot 1: dy
+    std::vector<float*> outs = {dw};
+    if (gf.bias)
+        outs.push_back(db);
+    run_entry(ef, arena + ed.arena_bytes, strm, {x, dy}, outs, nullptr, threads, share ? &read[0] : nullptr, 1);
 }
 
 template <class F>
@@ -457,6 +491,44 @@ void bwd_data_add_compute(const std::vector<Tensor>& in, const Param& p, std::ve
     const std::vector<const float*> ins = {contiguous(in[0], bdy), contiguous(in[1], bw)};
     const float* addend = contiguous(in[2], badd);
     guarded([&]() { execute(kBwdData, g, ins, {out_ptr(out[0])}, addend); });
+}
+
+// BasebnConvBwd: (dy, w, x, g) -> (dx [+ g], dw, db).
+void bwd_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
+    wait_for_queued_work();
+    const Geom gd = geometry(kBwdData, in[0].shape(), in[1].shape(), p);
+    Geom gf = gd;
+    gf.bias = p["has_bias"].as<bool>();
+    const Shape& xs = in[2].shape();
+    custom_assert(xs.ndim() == 4 && static_cast<dim>(xs[0]) == gd.N && static_cast<dim>(xs[1]) == gd.C &&
+                  static_cast<dim>(xs[2]) == gd.H && static_cast<dim>(xs[3]) == gd.W,
+                  "conv: x must have the data gradient's shape");
+    const bool has_addend = p["has_addend"].as<bool>();
+    if (has_addend) {
+        const Shape& as = in[3].shape();
+        custom_assert(as.ndim() == 4 && as[0] == xs[0] && as[1] == xs[1] && as[2] == xs[2] && as[3] == xs[3],
+                      "conv: the added gradient must have x's shape");
+    }
+    float* dw = out_ptr(out[1]);
+    float* db = out_ptr(out[2]);
+    if (!gf.bias)
+        std::fill(db, db + out[2].size(), 0.f);
+    if (out[0].size() == 0) {
+        std::fill(dw, dw + out[1].size(), 0.f);
+        std::fill(db, db + out[2].size(), 0.f);
+        return;
+    }
+    std::vector<float> bdy, bw, bx, badd;
+    const float* addend = has_addend ? contiguous(in[3], badd) : nullptr;
+    const float *dy = contiguous(in[0], bdy), *w = contiguous(in[1], bw), *x = contiguous(in[2], bx);
+    guarded([&]() { execute_backward(gd, gf, dy, w, x, out_ptr(out[0]), dw, db, addend); });
+}
+
+void bwd_shape(const std::vector<Shape>& in, const Param& p, std::vector<Shape>& out) {
+    const Geom g = geometry(kBwdData, in[0], in[1], p);
+    out[0] = Shape({size_t(g.N), size_t(g.C), size_t(g.H), size_t(g.W)});
+    out[1] = weight_shape(g);
+    out[2] = Shape({size_t(g.O)});
 }
 
 void bwd_filter_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
@@ -545,6 +617,25 @@ CUSTOM_OP_REG(BasebnConvBwdDataAdd)
         .set_shape_infer(bwd_data_shape)
         .set_dtype_infer(basebn::dnnl_rt::float_dtype)
         .set_compute("x86", bwd_data_add_compute);
+
+CUSTOM_OP_REG(BasebnConvBwd)
+        .set_description("basebn: oneDNN 2-D convolution gradients in one call: dx (+ g), dw, db; dy reordered once")
+        .add_input("dy", {"float32"})
+        .add_input("w", {"float32"})
+        .add_input("x", {"float32"})
+        .add_input("g", {"float32"})
+        .add_output("dx", {"float32"})
+        .add_output("dw", {"float32"})
+        .add_output("db", {"float32"}) BASEBN_CONV_GEOMETRY_PARAMS
+        .add_param("in_h", 1)
+        .add_param("in_w", 1)
+        .add_param("has_bias", false)
+        .add_param("has_addend", false)
+        .set_device_infer(basebn::dnnl_rt::same_device)
+        .set_format_infer(basebn::dnnl_rt::same_format)
+        .set_shape_infer(bwd_shape)
+        .set_dtype_infer(basebn::dnnl_rt::float_dtype)
+        .set_compute("x86", bwd_compute);
 
 CUSTOM_OP_REG(BasebnConvBwdFilter)
         .set_description("basebn: oneDNN 2-D convolution weight (and bias) gradient from (x, dy)")

@@ -18,7 +18,8 @@ from megengine.core.ops import builtin
 from megengine.functional.debug_param import get_execution_strategy
 from megengine.module.qat import QATModule
 
-from .conv_ops import ConvGeometry, conv_backend, conv_backward_data, conv_backward_weights, conv_forward
+from .conv_ops import (ConvGeometry, conv_backend, conv_backward, conv_backward_data, conv_backward_weights,
+                       conv_forward)
 
 __all__ = [
     "Conv2d",
@@ -136,13 +137,16 @@ class _DnnlConv2d(Function):
         self.x = self.weight = None
         if dy is None:  # only the passed-through x was used
             return (dx_passed, None) if self.bias_shape is None else (dx_passed, None, None)
-        dx = conv_backward_data(dy, weight, self.in_hw, geom, addend=dx_passed) if self.need_dx else None
-        dw = db = None
-        if self.need_dw:
+        dx = dw = db = None
+        if self.need_dx and self.need_dw:  # one op call: dy reordered once for both
+            dx, dw, db = conv_backward(dy, weight, x, geom, with_bias=self.need_db, addend=dx_passed)
+            dw = dw.reshape(weight.shape)
+        elif self.need_dw:
             dw, db = conv_backward_weights(x, dy, weight.shape[-2:], geom, with_bias=self.need_db)
             dw = dw.reshape(weight.shape)
-        elif self.need_db:
-            db = dy.sum(axis=(0, 2, 3))
+        else:
+            dx = conv_backward_data(dy, weight, self.in_hw, geom, addend=dx_passed) if self.need_dx else None
+            db = dy.sum(axis=(0, 2, 3)) if self.need_db else None
         if self.bias_shape is None:
             return dx, dw
         return dx, dw, (None if db is None else db.reshape(self.bias_shape))

@@ -19,7 +19,7 @@ from megengine.core.ops import custom
 from .kernel_library import KernelUnavailableError, conv_kernel_available, conv_kernel_error, wait_for_inputs
 
 __all__ = ["CONV_BACKENDS", "ConvGeometry", "conv_backend", "check_conv_shapes", "conv_forward", "conv_backward_data",
-           "conv_backward_weights"]
+           "conv_backward_weights", "conv_backward"]
 
 _ENV_BACKEND = "BASEBN_CONV_BACKEND"
 CONV_BACKENDS = ("dnnl", "megengine", "auto")
@@ -120,6 +120,18 @@ def conv_backward_data(dy, weight, in_hw, geom, addend=None):
                          f"{addend.dtype} {tuple(addend.shape)}")
     (dx,) = _run("BasebnConvBwdDataAdd", geom, (dy, weight, addend), **hw)
     return dx
+
+
+def conv_backward(dy, weight, x, geom, with_bias=False, addend=None):
+    """``(dx, dW, db)`` of a conv in one op call, dy reordered once for both gradients; dx plus ``addend`` (as
+    :func:`conv_backward_data`) when given; dW and db as :func:`conv_backward_weights`."""
+    if addend is not None and (tuple(addend.shape) != tuple(x.shape) or addend.dtype != np.float32):
+        raise ValueError(f"conv gradients: the added gradient must be float32 {tuple(x.shape)}, got "
+                         f"{addend.dtype} {tuple(addend.shape)}")
+    dx, dw, db = _run("BasebnConvBwd", geom, (dy, weight, x, dy if addend is None else addend),
+                      in_h=int(x.shape[2]), in_w=int(x.shape[3]), has_bias=bool(with_bias),
+                      has_addend=addend is not None)
+    return dx, dw, (db if with_bias else None)
 
 
 def conv_backward_weights(x, dy, kernel_hw, geom, with_bias=False):

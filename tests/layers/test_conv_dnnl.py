@@ -73,9 +73,11 @@ def reference(x, w, b, dy, stride, pad, dil, groups):
 def op_calls(monkeypatch):
     """Counts of the oneDNN op calls conv.py makes (proves which path ran)."""
     calls = {"fwd": 0, "bwd-data": 0, "bwd-w": 0}
-    for key, name in (("fwd", "conv_forward"), ("bwd-data", "conv_backward_data"), ("bwd-w", "conv_backward_weights")):
-        def counted(*a, _f=getattr(conv_module, name), _k=key, **kw):
-            calls[_k] += 1
+    for keys, name in ((("fwd",), "conv_forward"), (("bwd-data",), "conv_backward_data"),
+                       (("bwd-w",), "conv_backward_weights"), (("bwd-data", "bwd-w"), "conv_backward")):
+        def counted(*a, _f=getattr(conv_module, name), _keys=keys, **kw):
+            for k in _keys:  # conv_backward: both gradients in one op
+                calls[k] += 1
             return _f(*a, **kw)
         monkeypatch.setattr(conv_module, name, counted)
     return calls
@@ -354,11 +356,11 @@ def test_failed_onednn_build_keeps_bn_kernels(tmp_path):
 def added_gradients(monkeypatch):
     """The ``addend`` of each data-gradient op call (None: plain BasebnConvBwdData)."""
     seen = []
-
-    def recorded(*a, _f=conv_module.conv_backward_data, **kw):
-        seen.append(kw.get("addend"))
-        return _f(*a, **kw)
-    monkeypatch.setattr(conv_module, "conv_backward_data", recorded)
+    for name in ("conv_backward_data", "conv_backward"):
+        def recorded(*a, _f=getattr(conv_module, name), **kw):
+            seen.append(kw.get("addend"))
+            return _f(*a, **kw)
+        monkeypatch.setattr(conv_module, name, recorded)
     return seen
 
 
@@ -434,7 +436,8 @@ def test_conv_and_identity_calls_other_convs_and_hooked_convs(added_gradients):
     assert calls == [hooked] and all(a is None for a in added_gradients)
 
 
-@pytest.mark.parametrize("model_name, size", [("resnet20", 16), ("resnet18", 32), ("mbnetv2_x035", 32), ("effnetv2_b0", 32), ("resnet50", 32), ("resnet18d", 32),
+@pytest.mark.parametrize("model_name, size", [("resnet20", 16), ("resnet18", 32), ("mbnetv2_x035", 32),
+                                              ("effnetv2_b0", 32), ("resnet50", 32), ("resnet18d", 32),
                                               ("regnetx_002", 32)])
 def test_block_steps_equal_the_autodiff_sum(model_name, size, monkeypatch, added_gradients):
     """A training step whose identity shortcuts sum their gradients in the conv op equals the step that leaves
@@ -453,3 +456,18 @@ def test_block_steps_equal_the_autodiff_sum(model_name, size, monkeypatch, added
     assert all(a is None for a in added_gradients[count:])
     for k in ours:
         np.testing.assert_array_equal(ours[k], theirs[k], err_msg=k)
+
+
+def test_both_gradients_come_from_one_op_call(monkeypatch):
+    """With x and w recorded, one BasebnConvBwd call computes dx, dW and db (dy reordered once inside)."""
+    names = []
+    run = conv_ops._run
+    monkeypatch.setattr(conv_ops, "_run", lambda name, *a, **kw: (names.append(name), run(name, *a, **kw))[1])
+    case = CASES["3x3"]
+    x, wd, b, rng = make_inputs(case, seed=8)
+    dy = rng.standard_normal((2, 6, 7, 7)).astype(np.float32)
+    y, dx, dw, db = run_case(case, x, wd, b, dy)
+    assert names == ["BasebnConvFwd", "BasebnConvBwd"]
+    _, dx_ref, dw_ref, db_ref = reference(x, wd, b, dy, 1, 1, 1, 1)
+    for got, ref in ((dx, dx_ref), (dw, dw_ref), (db, db_ref)):
+        assert rel_err(got, ref) <= TOL
