@@ -77,11 +77,10 @@ class _Shortcut(M.Module):
             self.bn = norm_layer(w_out)
 
     def conv_and_shortcut(self, conv, x):
-        """``(conv(x), shortcut(x))``; an identity shortcut's gradient is summed inside the conv's data-gradient
-        op (:func:`~basebn.layers.conv.conv_and_identity`)."""
-        if self.pool is None and self.proj is None:
-            return conv_and_identity(conv, x)
-        return conv(x), self.shortcut(x)
+        """``(conv(x), shortcut(x))``; the shortcut's gradient w.r.t. x (identity or projection) is summed inside
+        the conv's data-gradient op (:func:`~basebn.layers.conv.conv_and_identity`)."""
+        out, x = conv_and_identity(conv, x)
+        return out, self.shortcut(x)
 
     def shortcut(self, x):
         if self.pool is not None:

@@ -29,11 +29,10 @@ def conv1x1(cin, cout, stride=1):
 
 
 def first_conv_and_shortcut(conv, downsample, x):
-    """``(conv(x), shortcut)`` of a block: ``downsample(x)``, or x itself (``downsample`` None), its gradient then
-    summed inside the conv's data-gradient op (:func:`~basebn.layers.conv.conv_and_identity`)."""
-    if downsample is None:
-        return conv_and_identity(conv, x)
-    return conv(x), downsample(x)
+    """``(conv(x), shortcut)`` of a block: x itself (``downsample`` None) or ``downsample(x)``; the shortcut's
+    gradient w.r.t. x is summed inside the conv's data-gradient op (:func:`~basebn.layers.conv.conv_and_identity`)."""
+    out, x = conv_and_identity(conv, x)
+    return out, (x if downsample is None else downsample(x))
 
 
 class BasicBlock(M.Module):

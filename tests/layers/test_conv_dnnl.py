@@ -449,6 +449,9 @@ def test_block_steps_equal_the_autodiff_sum(model_name, size, monkeypatch, added
     mge.random.seed(2)  # the same dropout masks in both steps
     ours = sgd_step(model, x, labels)
     assert sum(a is not None for a in added_gradients) > 0
+    if model_name.startswith("resnet") and not model_name.endswith("d"):  # every block, downsampling ones too
+        blocks = sum(type(m).__name__ in ("BasicBlock", "Bottleneck") for m in model.modules())
+        assert sum(a is not None for a in added_gradients) == blocks
     monkeypatch.setattr(conv_module, "_passes_input", lambda conv, x: False)
     count = len(added_gradients)
     mge.random.seed(2)
