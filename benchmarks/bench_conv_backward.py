@@ -11,7 +11,7 @@ runtime, inline CPU device); the steps alternate pair by pair (A B, B A, ...) be
 (``shortcut``: the conv called, x returned; ``merged``: ``conv_backward`` replaced by the two separate ops) and on,
 so machine load drifts over both alike. Prints each setting's median / min step ms and their ratio. ``--op-reps``:
 ResNet-20's three identity-block shapes (batch 128), alternating, median ms of one call each: data gradient then
-MegEngine's add vs ``BasebnConvBwdDataAdd``; and the two ops vs ``BasebnConvBwd``.
+MegEngine's add vs ``BasebnConvBwdData`` adding it; and the two ops vs ``BasebnConvBwd``.
 """
 import argparse
 import os

@@ -1,9 +1,9 @@
 // 2-D convolution custom ops on oneDNN (CPU), NCHW float32 at the boundary.
 //
 //   BasebnConvFwd       (x, w, bias)  -> (y)         params: geometry, has_bias
-//   BasebnConvBwdData   (dy, w)       -> (dx)        params: geometry, in_h, in_w
-//   BasebnConvBwdDataAdd (dy, w, g)   -> (dx + g)    params: as BasebnConvBwdData; g is a second gradient of x
-//                                                    (a residual block's shortcut), added in the output pass
+//   BasebnConvBwdData   (dy, w, g)    -> (dx [+ g])  params: geometry, in_h, in_w, has_addend; g (a second gradient
+//                                                    of x: a residual block's shortcut) is added in the output pass,
+//                                                    a placeholder without has_addend
 //   BasebnConvBwdFilter (x, dy)       -> (dw, db)    params: geometry, kernel_h, kernel_w, has_bias
 //   BasebnConvBwd   (dy, w, x, g)     -> (dx [+ g], dw, db)  params: geometry, in_h, in_w, has_bias, has_addend:
 //                                        both gradients in one call, dy reordered once (g: a placeholder without
@@ -392,7 +392,8 @@ std::vector<dnnl::memory> run_entry(Entry& e, char* arena, dnnl::stream& strm, c
     const dnnl::memory::desc scratch_desc({static_cast<dim>(e.arena_bytes - e.scratch_offset)}, dtype::u8, tag::a);
     args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratch_desc, engine(), arena + e.scratch_offset));
     e.prim.execute(strm, args);
-    strm.wait();
+    if (addend != nullptr)
+        strm.wait();  // the add below reads the primitive's result outside the stream
     size_t k = 0;
     for (size_t i = 0; i < e.outs.size(); ++i) {
         Slot& s = e.outs[i];
@@ -466,30 +467,26 @@ void fwd_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tens
     guarded([&]() { execute(kFwd, g, ins, {out_ptr(out[0])}); });
 }
 
+// `a`, the shape of input `what` (the added gradient, or x), must be dx's (N, C, H, W) under geometry `g`.
+void check_like_dx(const Shape& a, const Geom& g, const char* what) {
+    custom_assert(a.ndim() == 4 && static_cast<dim>(a[0]) == g.N && static_cast<dim>(a[1]) == g.C &&
+                  static_cast<dim>(a[2]) == g.H && static_cast<dim>(a[3]) == g.W,
+                  "conv: %s must have dx's shape (%lld, %lld, %lld, %lld)", what,
+                  static_cast<long long>(g.N), static_cast<long long>(g.C), static_cast<long long>(g.H),
+                  static_cast<long long>(g.W));
+}
+
 void bwd_data_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
     wait_for_queued_work();
     const Geom g = geometry(kBwdData, in[0].shape(), in[1].shape(), p);
-    if (out[0].size() == 0)
-        return;
-    std::vector<float> bdy, bw;
-    const std::vector<const float*> ins = {contiguous(in[0], bdy), contiguous(in[1], bw)};
-    guarded([&]() { execute(kBwdData, g, ins, {out_ptr(out[0])}); });
-}
-
-void bwd_data_add_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
-    wait_for_queued_work();
-    const Geom g = geometry(kBwdData, in[0].shape(), in[1].shape(), p);
-    const Shape& a = in[2].shape();
-    custom_assert(a.ndim() == 4 && static_cast<dim>(a[0]) == g.N && static_cast<dim>(a[1]) == g.C &&
-                  static_cast<dim>(a[2]) == g.H && static_cast<dim>(a[3]) == g.W,
-                  "conv: the added gradient must have dx's shape (%lld, %lld, %lld, %lld)",
-                  static_cast<long long>(g.N), static_cast<long long>(g.C), static_cast<long long>(g.H),
-                  static_cast<long long>(g.W));
+    const bool has_addend = p["has_addend"].as<bool>();
+    if (has_addend)
+        check_like_dx(in[2].shape(), g, "the added gradient");
     if (out[0].size() == 0)
         return;
     std::vector<float> bdy, bw, badd;
     const std::vector<const float*> ins = {contiguous(in[0], bdy), contiguous(in[1], bw)};
-    const float* addend = contiguous(in[2], badd);
+    const float* addend = has_addend ? contiguous(in[2], badd) : nullptr;
     guarded([&]() { execute(kBwdData, g, ins, {out_ptr(out[0])}, addend); });
 }
 
@@ -499,36 +496,22 @@ void bwd_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tens
     const Geom gd = geometry(kBwdData, in[0].shape(), in[1].shape(), p);
     Geom gf = gd;
     gf.bias = p["has_bias"].as<bool>();
-    const Shape& xs = in[2].shape();
-    custom_assert(xs.ndim() == 4 && static_cast<dim>(xs[0]) == gd.N && static_cast<dim>(xs[1]) == gd.C &&
-                  static_cast<dim>(xs[2]) == gd.H && static_cast<dim>(xs[3]) == gd.W,
-                  "conv: x must have the data gradient's shape");
+    check_like_dx(in[2].shape(), gd, "x");
     const bool has_addend = p["has_addend"].as<bool>();
-    if (has_addend) {
-        const Shape& as = in[3].shape();
-        custom_assert(as.ndim() == 4 && as[0] == xs[0] && as[1] == xs[1] && as[2] == xs[2] && as[3] == xs[3],
-                      "conv: the added gradient must have x's shape");
-    }
+    if (has_addend)
+        check_like_dx(in[3].shape(), gd, "the added gradient");
     float* dw = out_ptr(out[1]);
     float* db = out_ptr(out[2]);
-    if (!gf.bias)
+    if (!gf.bias || out[0].size() == 0)
         std::fill(db, db + out[2].size(), 0.f);
     if (out[0].size() == 0) {
         std::fill(dw, dw + out[1].size(), 0.f);
-        std::fill(db, db + out[2].size(), 0.f);
         return;
     }
     std::vector<float> bdy, bw, bx, badd;
     const float* addend = has_addend ? contiguous(in[3], badd) : nullptr;
     const float *dy = contiguous(in[0], bdy), *w = contiguous(in[1], bw), *x = contiguous(in[2], bx);
     guarded([&]() { execute_backward(gd, gf, dy, w, x, out_ptr(out[0]), dw, db, addend); });
-}
-
-void bwd_shape(const std::vector<Shape>& in, const Param& p, std::vector<Shape>& out) {
-    const Geom g = geometry(kBwdData, in[0], in[1], p);
-    out[0] = Shape({size_t(g.N), size_t(g.C), size_t(g.H), size_t(g.W)});
-    out[1] = weight_shape(g);
-    out[2] = Shape({size_t(g.O)});
 }
 
 void bwd_filter_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
@@ -559,6 +542,13 @@ void fwd_shape(const std::vector<Shape>& in, const Param& p, std::vector<Shape>&
 void bwd_data_shape(const std::vector<Shape>& in, const Param& p, std::vector<Shape>& out) {
     const Geom g = geometry(kBwdData, in[0], in[1], p);
     out[0] = Shape({size_t(g.N), size_t(g.C), size_t(g.H), size_t(g.W)});
+}
+
+void bwd_shape(const std::vector<Shape>& in, const Param& p, std::vector<Shape>& out) {
+    const Geom g = geometry(kBwdData, in[0], in[1], p);
+    out[0] = Shape({size_t(g.N), size_t(g.C), size_t(g.H), size_t(g.W)});
+    out[1] = weight_shape(g);
+    out[2] = Shape({size_t(g.O)});
 }
 
 void bwd_filter_shape(const std::vector<Shape>& in, const Param& p, std::vector<Shape>& out) {
@@ -592,31 +582,19 @@ CUSTOM_OP_REG(BasebnConvFwd)
         .set_compute("x86", fwd_compute);
 
 CUSTOM_OP_REG(BasebnConvBwdData)
-        .set_description("basebn: oneDNN 2-D convolution data gradient dx from (dy, w)")
-        .add_input("dy", {"float32"})
-        .add_input("w", {"float32"})
-        .add_output("dx", {"float32"}) BASEBN_CONV_GEOMETRY_PARAMS
-        .add_param("in_h", 1)
-        .add_param("in_w", 1)
-        .set_device_infer(basebn::dnnl_rt::same_device)
-        .set_format_infer(basebn::dnnl_rt::same_format)
-        .set_shape_infer(bwd_data_shape)
-        .set_dtype_infer(basebn::dnnl_rt::float_dtype)
-        .set_compute("x86", bwd_data_compute);
-
-CUSTOM_OP_REG(BasebnConvBwdDataAdd)
-        .set_description("basebn: oneDNN 2-D convolution data gradient plus a second gradient of x: dx + g")
+        .set_description("basebn: oneDNN 2-D convolution data gradient dx from (dy, w), plus g with has_addend")
         .add_input("dy", {"float32"})
         .add_input("w", {"float32"})
         .add_input("g", {"float32"})
         .add_output("dx", {"float32"}) BASEBN_CONV_GEOMETRY_PARAMS
         .add_param("in_h", 1)
         .add_param("in_w", 1)
+        .add_param("has_addend", false)
         .set_device_infer(basebn::dnnl_rt::same_device)
         .set_format_infer(basebn::dnnl_rt::same_format)
         .set_shape_infer(bwd_data_shape)
         .set_dtype_infer(basebn::dnnl_rt::float_dtype)
-        .set_compute("x86", bwd_data_add_compute);
+        .set_compute("x86", bwd_data_compute);
 
 CUSTOM_OP_REG(BasebnConvBwd)
         .set_description("basebn: oneDNN 2-D convolution gradients in one call: dx (+ g), dw, db; dy reordered once")

@@ -152,17 +152,22 @@ class _DnnlConv2d(Function):
         return dx, dw, (None if db is None else db.reshape(self.bias_shape))
 
 
+def _dnnl_conv2d(x, weight, bias, stride, padding, dilation, groups, pass_input=False):
+    """The conv on the oneDNN ops (:class:`_DnnlConv2d` when a gradient is recorded; ``pass_input``: see there)."""
+    geom = ConvGeometry(as_pair(stride), as_pair(padding), as_pair(dilation), groups)
+    need = (records_grad(x), records_grad(weight), bias is not None and records_grad(bias))
+    if not any(need):
+        return conv_forward(x, weight, bias, geom)
+    fn = _DnnlConv2d(geom, *need, pass_input=pass_input)
+    return fn(x, weight) if bias is None else fn(x, weight, bias)
+
+
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """F.conv2d, fast to train on CPU (oneDNN ops, else the numpy weight gradient; see module docstring)."""
     if not (_FAST["enabled"] and on_cpu(x)):
         return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
     if _dnnl_applies(x, weight, bias):
-        geom = ConvGeometry(as_pair(stride), as_pair(padding), as_pair(dilation), groups)
-        need = (records_grad(x), records_grad(weight), bias is not None and records_grad(bias))
-        if not any(need):
-            return conv_forward(x, weight, bias, geom)
-        fn = _DnnlConv2d(geom, *need)
-        return fn(x, weight) if bias is None else fn(x, weight, bias)
+        return _dnnl_conv2d(x, weight, bias, stride, padding, dilation, groups)
     if groups > 1:  # MegEngine's grouped/depthwise weight gradient beats the numpy one
         return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
     y = F.conv2d(x, weight.detach(), None, stride, padding, dilation, groups)
@@ -173,9 +178,13 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 class Conv2d(M.Conv2d):
     """megengine.module.Conv2d with the same parameters and state dict, faster to train on CPU."""
 
+    def _plain_cross_correlation(self):
+        """Zero-padded cross-correlation: what :func:`conv2d` computes."""
+        return self.padding_mode == "zeros" and self.conv_mode == "cross_correlation"
+
     def calc_conv(self, inp, weight, bias):
         """:func:`conv2d` for zero-padded cross-correlation, MegEngine's own conv otherwise."""
-        if self.padding_mode != "zeros" or self.conv_mode != "cross_correlation":
+        if not self._plain_cross_correlation():
             return super().calc_conv(inp, weight, bias)
         return conv2d(inp, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
@@ -184,8 +193,7 @@ def _passes_input(conv, x):
     """:func:`conv_and_identity` can hand x's second gradient to ``conv``'s data-gradient op: a plain basebn Conv2d
     (no hooks, no instance-level ``forward`` such as efficient conv-BN's) on the oneDNN path, x recorded."""
     return (type(conv) is Conv2d and not conv._forward_pre_hooks and not conv._forward_hooks
-            and "forward" not in conv.__dict__
-            and conv.padding_mode == "zeros" and conv.conv_mode == "cross_correlation"
+            and "forward" not in conv.__dict__ and conv._plain_cross_correlation()
             and _FAST["enabled"] and on_cpu(x) and _dnnl_applies(x, conv.weight, conv.bias) and records_grad(x))
 
 
@@ -199,10 +207,8 @@ def conv_and_identity(conv, x):
     """
     if not _passes_input(conv, x):
         return conv(x), x
-    geom = ConvGeometry(as_pair(conv.stride), as_pair(conv.padding), as_pair(conv.dilation), conv.groups)
-    weight, bias = conv.weight, conv.bias
-    fn = _DnnlConv2d(geom, True, records_grad(weight), bias is not None and records_grad(bias), pass_input=True)
-    return fn(x, weight) if bias is None else fn(x, weight, bias)
+    return _dnnl_conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups,
+                        pass_input=True)
 
 
 # ------------------------------------------------------------------ folded conv (conv -> BN in eval)

@@ -107,27 +107,28 @@ def conv_forward(x, weight, bias, geom):
     return y
 
 
+def _check_addend(addend, shape):
+    """A gradient added to dx must be float32 of dx's ``shape``."""
+    if tuple(addend.shape) != tuple(shape) or addend.dtype != np.float32:
+        raise ValueError(f"conv data gradient: the added gradient must be float32 {tuple(shape)}, got "
+                         f"{addend.dtype} {tuple(addend.shape)}")
+
+
 def conv_backward_data(dy, weight, in_hw, geom, addend=None):
     """dx of a conv with input spatial size ``in_hw`` = (H, W), from ``dy`` and ``weight``; plus ``addend`` (a
     second gradient of x, of dx's shape) when given, added in the pass that writes dx (one op, no extra add)."""
-    hw = dict(in_h=int(in_hw[0]), in_w=int(in_hw[1]))
-    if addend is None:
-        (dx,) = _run("BasebnConvBwdData", geom, (dy, weight), **hw)
-        return dx
-    expected = (dy.shape[0], weight.shape[-3] * geom.groups) + tuple(int(v) for v in in_hw)
-    if tuple(addend.shape) != expected or addend.dtype != np.float32:
-        raise ValueError(f"conv data gradient: the added gradient must be float32 {expected}, got "
-                         f"{addend.dtype} {tuple(addend.shape)}")
-    (dx,) = _run("BasebnConvBwdDataAdd", geom, (dy, weight, addend), **hw)
+    if addend is not None:
+        _check_addend(addend, (dy.shape[0], weight.shape[-3] * geom.groups) + tuple(int(v) for v in in_hw))
+    (dx,) = _run("BasebnConvBwdData", geom, (dy, weight, dy if addend is None else addend), in_h=int(in_hw[0]),
+                 in_w=int(in_hw[1]), has_addend=addend is not None)  # dy: a placeholder in the unused slot
     return dx
 
 
 def conv_backward(dy, weight, x, geom, with_bias=False, addend=None):
     """``(dx, dW, db)`` of a conv in one op call, dy reordered once for both gradients; dx plus ``addend`` (as
     :func:`conv_backward_data`) when given; dW and db as :func:`conv_backward_weights`."""
-    if addend is not None and (tuple(addend.shape) != tuple(x.shape) or addend.dtype != np.float32):
-        raise ValueError(f"conv gradients: the added gradient must be float32 {tuple(x.shape)}, got "
-                         f"{addend.dtype} {tuple(addend.shape)}")
+    if addend is not None:
+        _check_addend(addend, x.shape)
     dx, dw, db = _run("BasebnConvBwd", geom, (dy, weight, x, dy if addend is None else addend),
                       in_h=int(x.shape[2]), in_w=int(x.shape[3]), has_bias=bool(with_bias),
                       has_addend=addend is not None)

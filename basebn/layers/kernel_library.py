@@ -58,7 +58,7 @@ OP_NAMES = ("BasebnBnStats", "BasebnBnNormalize", "BasebnBnBackwardReduce", "Bas
 ACT_OP_NAMES = ("BasebnBnActNormalize", "BasebnBnAddActNormalize", "BasebnBnActBackwardReduce",
                 "BasebnBnActBackwardElemt", "BasebnBnAddActBackwardElemt")
 # only with oneDNN
-CONV_OP_NAMES = ("BasebnConvFwd", "BasebnConvBwdData", "BasebnConvBwdDataAdd", "BasebnConvBwdFilter", "BasebnConvBwd")
+CONV_OP_NAMES = ("BasebnConvFwd", "BasebnConvBwdData", "BasebnConvBwdFilter", "BasebnConvBwd")
 POOL_OP_NAMES = ("BasebnMaxPoolFwd", "BasebnMaxPoolBwd")  # only with oneDNN (basebn/kernels/pool_dnnl.cpp)
 RUNNING_OP_NAMES = ("BasebnBnRunningUpdate",)  # the guarded running-statistics update (bn_running_cpu.cpp), CPU
 

@@ -33,10 +33,8 @@ class InvertedResidual(M.Module):
 
     def forward(self, x):
         x_p, first = x, self.exp if self.exp is not None else self.dwise
-        if first is not None and self.has_skip:  # the skip's gradient is summed in first's data-gradient op
-            x, x_p = conv_and_identity(first, x)
-        elif first is not None:
-            x = first(x)
+        if first is not None:  # with a skip, x's two gradients are summed in first's data-gradient op
+            x, x_p = conv_and_identity(first, x) if self.has_skip else (first(x), x)
         if self.exp is not None:
             x = self.exp_act(self.exp_bn(x))
             if self.dwise is not None:
