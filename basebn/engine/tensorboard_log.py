@@ -2,24 +2,28 @@
 
 Steps are iterations done: an iteration's numbers at the step it ends, an epoch's evaluation and precise-BN
 drift at the epoch's last step, so every curve shares one x axis. Each writer opens a new event file whose
-first events are a SessionLog START at the first step it will write (tensorboardX's ``purge_step``):
-TensorBoard's reader then drops what an earlier writer (a killed run) logged from that step on, so a step
-logged before a kill and again after the resume appears once. TensorBoard reads a directory's event files in
-name order; the name's timestamp has one-second resolution, so a sequence suffix keeps same-second files in
-the order they were opened.
+first events are a SessionLog START at the first step it will write (what tensorboardX's ``purge_step``
+writes): TensorBoard's reader then drops what an earlier writer (a killed run) logged from that step on, so a
+step logged before a kill and again after the resume appears once. TensorBoard reads a directory's event files
+in name order; the name's timestamp has one-second resolution, so a sequence suffix keeps same-second files in
+the order they were opened. Events are written synchronously (tensorboardX's ``EventsWriter``, not its
+``SummaryWriter``, whose queue and writer thread made ``flush()`` return before queued events reached the
+file): after :meth:`TensorBoardLog.flush` everything logged is on disk.
 """
 import glob
 import os
+import time
 
 import numpy as np
-from tensorboardX import SummaryWriter
+from tensorboardX.event_file_writer import EventsWriter
+from tensorboardX.proto.event_pb2 import Event, SessionLog
+from tensorboardX.summary import histogram, scalar
 
 from .bn_report import ema_drift
 
 __all__ = ["TensorBoardLog", "EVENT_GLOB", "running_stats", "precise_bn_drift"]
 
 EVENT_GLOB = "events.out.tfevents.*"
-_FLUSH_SECS = 30
 
 
 def running_stats(module):
@@ -44,35 +48,42 @@ class TensorBoardLog:
     def __init__(self, log_dir, first_step=1):
         os.makedirs(log_dir, exist_ok=True)
         sequence = len(glob.glob(os.path.join(log_dir, EVENT_GLOB)))
-        self.writer = SummaryWriter(log_dir, purge_step=int(first_step), flush_secs=_FLUSH_SECS,
-                                    filename_suffix=f".{sequence:04d}")
+        self.writer = EventsWriter(os.path.join(log_dir, "events"), filename_suffix=f".{sequence:04d}")
+        self._write(Event(step=int(first_step), session_log=SessionLog(status=SessionLog.START)))
+
+    def _write(self, event):
+        event.wall_time = time.time()
+        self.writer.write_event(event)
+
+    def _summary(self, summary, step):
+        self._write(Event(summary=summary, step=int(step)))
 
     def iteration(self, step, loss, lr, top1, data_time, step_time, images_per_s):
         """The numbers of a logged iteration (window means, as the log line)."""
         for tag, value in (("train/loss", loss), ("train/lr", lr), ("train/top1", top1), ("time/data_s", data_time),
                            ("time/step_s", step_time), ("time/images_per_s", images_per_s)):
-            self.writer.add_scalar(tag, float(value), step)
+            self._summary(scalar(tag, float(value)), step)
 
     def evaluation(self, step, metrics):
         """An evaluation's top1 / top5 / loss (``eval/*``) and its EMA's (``ema_*`` keys -> ``eval_ema/*``)."""
         for key in ("top1", "top5", "loss"):
             for prefix, section in (("", "eval"), ("ema_", "eval_ema")):
                 if metrics.get(prefix + key) is not None:
-                    self.writer.add_scalar(f"{section}/{key}", float(metrics[prefix + key]), step)
+                    self._summary(scalar(f"{section}/{key}", float(metrics[prefix + key])), step)
 
     def bn_drift(self, step, drift, section="bn_drift"):
         """Per-layer drift rows (:func:`precise_bn_drift`) as scalars ``SECTION/LAYER/{mean_shift,var_ratio}``
         and as histograms over the layers ``SECTION/{mean_shift,var_ratio}``."""
         for name, row in drift.items():
             for key, value in row.items():
-                self.writer.add_scalar(f"{section}/{name}/{key}", float(value), step)
+                self._summary(scalar(f"{section}/{name}/{key}", float(value)), step)
         for key in ("mean_shift", "var_ratio"):
             values = np.array([row[key] for row in drift.values()], dtype=np.float64)
             if values.size:
-                self.writer.add_histogram(f"{section}/{key}", values, step)
+                self._summary(histogram(f"{section}/{key}", values, bins="auto"), step)
 
     def flush(self):
-        """Write what is queued to disk."""
+        """Write everything logged so far to the file."""
         self.writer.flush()
 
     def close(self):
