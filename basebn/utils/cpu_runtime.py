@@ -1,18 +1,23 @@
 """Process settings that let MegEngine's CPU training step spend the cores on work: :func:`tune_cpu_runtime`
 (every CLI: capped worker spin, freed memory kept mapped), :func:`lower_event_poller_priority` (every CLI on CPU:
 MegEngine's 10-microsecond event poller yields to the compute threads) and :func:`use_inline_cpu_device`
-(basebn.train: no dispatcher queue for basebn's custom ops to wait for). What each removes, measured:
-docs/figures.md, "CPU runtime settings".
+(basebn.train: no dispatcher queue for basebn's custom ops to wait for; the OpenMP threads spin briefly between
+ops). What each removes, measured: docs/figures.md, "CPU runtime settings".
 """
 import ctypes
 import os
 
 from megengine.core._imperative_rt.common import CompNode
 
-__all__ = ["WORKER_MAX_SPIN", "INLINE_CPU_DEVICE", "EVENT_POLLER_THREAD", "EVENT_POLLER_NICE", "tune_cpu_runtime",
-           "lower_event_poller_priority", "use_inline_cpu_device"]
+__all__ = ["WORKER_MAX_SPIN", "INLINE_CPU_DEVICE", "INLINE_OMP_SPIN", "EVENT_POLLER_THREAD", "EVENT_POLLER_NICE",
+           "tune_cpu_runtime", "lower_event_poller_priority", "use_inline_cpu_device"]
 
 INLINE_CPU_DEVICE = "cpu:default"  # (megengine.set_default_device's name check refuses it; CompNode takes it)
+# libgomp's GOMP_SPINCOUNT with the inline device: an OpenMP worker spins ~0.7 ms (this EPYC's pause loop) for the
+# next op's parallel region before it sleeps; with PASSIVE (kernel_library's default) it sleeps at once and each
+# region waits 5-80 us for its wake-up. Only where MegEngine's kernels run on the OpenMP master thread itself: on
+# cpu0 its dispatcher thread needs the core the worker would spin on (ResNet-20 step 1.11x slower)
+INLINE_OMP_SPIN = 30000
 
 WORKER_MAX_SPIN = 30000  # ~10-30 us of spinning; 0 (sleep at once) and 300000 measured alike within noise
 _MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit)
@@ -67,6 +72,10 @@ def use_inline_cpu_device():
     """Make :data:`INLINE_CPU_DEVICE` MegEngine's default device: its CPU kernels run on the thread that issues
     them, so basebn's custom ops wait for no queue. Call on a machine without CUDA before the first tensor that
     should live there (tensors made before keep their device; an op mixing the two fails), and not in a process
-    that dumps a traced graph. Returns the default device now."""
+    that dumps a traced graph. Also sets ``GOMP_SPINCOUNT`` to :data:`INLINE_OMP_SPIN` unless the user set it or
+    ``OMP_WAIT_POLICY``: libgomp reads it when basebn's kernel library first loads (the first op), so call this
+    before. Returns the default device now."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", str(INLINE_OMP_SPIN))
     CompNode._set_default_device(INLINE_CPU_DEVICE)
     return CompNode._get_default_device()

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from basebn.utils.cpu_runtime import EVENT_POLLER_THREAD, WORKER_MAX_SPIN, lower_event_poller_priority
+from basebn.utils.cpu_runtime import EVENT_POLLER_THREAD, INLINE_OMP_SPIN, WORKER_MAX_SPIN, lower_event_poller_priority
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -137,3 +137,66 @@ def test_no_poller_thread_or_a_vanished_one_changes_nothing(tmp_path):
         (tmp_path / tid / "comm").write_text(comm + "\n")
     assert lower_event_poller_priority(str(tmp_path)) == []
     assert lower_event_poller_priority(str(tmp_path / "missing")) == []
+
+
+_OMP_SLEEPS = """
+    import os
+    import numpy as np
+    import megengine as mge
+    from basebn.utils.cpu_runtime import tune_cpu_runtime, use_inline_cpu_device
+    tune_cpu_runtime()
+    use_inline_cpu_device()
+    print(os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"))
+    from basebn.layers import bn_ops, kernel_library
+
+    def threads():
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                status = open(f"/proc/self/task/{tid}/status").read().splitlines()
+                stat = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            out[tid] = (int(stat[11]) + int(stat[12]),
+                        int(next(l for l in status if l.startswith("voluntary_ctxt_switches")).split()[1]))
+        return out
+
+    assert kernel_library.kernel_available()
+    x = mge.tensor(np.random.default_rng(0).standard_normal((8, 64, 56, 56)).astype(np.float32))
+    before = threads()
+    with bn_ops.use_backend("kernel"):
+        for _ in range(10):  # warm-up: the library loads (libgomp reads its settings) and its team starts
+            bn_ops.bn_stats(x)[0].numpy()
+        started = threads()
+        for _ in range(40):
+            bn_ops.bn_stats(x)[0].numpy()
+    after = threads()
+    new = [t for t in started if t not in before and t in after]
+    worker = max(new, key=lambda t: after[t][0])  # the OpenMP worker: the busiest thread the kernels started
+    print(after[worker][1] - started[worker][1])
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+@pytest.mark.parametrize("user_policy", [None, "PASSIVE"])
+def test_with_the_inline_device_the_openmp_worker_spins_between_ops_unless_the_user_set_a_policy(user_policy):
+    """libgomp's own behaviour, seen in the kernel's count of the OpenMP worker's voluntary sleeps over 40
+    two-thread BN ops: with use_inline_cpu_device's GOMP_SPINCOUNT it spins through the gaps between ops (a few
+    sleeps at most); with the user's OMP_WAIT_POLICY=PASSIVE (kept) it sleeps after every parallel region."""
+    if not __import__("basebn.layers.kernel_library", fromlist=["x"]).kernel_available():
+        pytest.skip("needs basebn's kernel library")
+    env = dict(OMP_NUM_THREADS="2", BASEBN_NUM_THREADS="2")
+    if user_policy:
+        env["OMP_WAIT_POLICY"] = user_policy
+    full = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    full.update(env)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(_OMP_SLEEPS)], capture_output=True, text=True,
+                         env=full, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    settings, sleeps = out.stdout.strip().splitlines()[-2:]
+    if user_policy:
+        assert settings == "None PASSIVE"
+        assert int(sleeps) >= 40
+    else:
+        assert settings == f"{INLINE_OMP_SPIN} None"
+        assert int(sleeps) < 20
