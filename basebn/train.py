@@ -204,7 +204,9 @@ def main(argv=None):
     args = _parse(argv)
     cfg = load_config(args.config, args.overrides)  # fail on bad keys before anything starts
     if not mge.is_cuda_available() and not cfg.trace:
-        use_inline_cpu_device()  # the custom ops wait for no dispatcher queue (a traced step would not dump)
+        # the custom ops wait for no dispatcher queue (a traced step would not dump); the OpenMP worker spins
+        # between ops unless other ranks share the cores
+        use_inline_cpu_device(omp_spin=not dist.is_multiprocess_job())
     if args.resume:
         check_resume(cfg, allow_config_change=args.allow_config_change)
     if args.devices > 1 or args.num_machines > 1:

@@ -27,7 +27,7 @@ import basebn.cli as cli
 from basebn.utils.cpu_runtime import EVENT_POLLER_THREAD
 cli.lower_event_poller_priority = lambda: []  # this benchmark sets the poller's priority itself
 bench.quiet_device_probe()
-bench.use_inline_cpu_device()
+bench.use_inline_cpu_device(omp_spin=True)
 runner = bench.MegEngineRunner("basebn", sys.argv[2], None)
 tids = [int(t) for t in os.listdir("/proc/self/task")
         if open(f"/proc/self/task/{t}/comm").read().strip() == EVENT_POLLER_THREAD]

@@ -31,7 +31,7 @@ from basebn.utils.cpu_runtime import tune_cpu_runtime, use_inline_cpu_device
 if sys.argv[2] in ("tuned", "cpu0"):
     tune_cpu_runtime()
 if sys.argv[2] == "tuned":
-    use_inline_cpu_device()
+    use_inline_cpu_device(omp_spin=True)
 from basebn.layers import bn_ops, conv_ops
 calls = int(sys.argv[3])
 geom = conv_ops.ConvGeometry(stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1)

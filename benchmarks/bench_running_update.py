@@ -46,7 +46,7 @@ def main():
     ap.add_argument("--calls", type=int, default=300)
     args = ap.parse_args()
     quiet_device_probe()
-    use_inline_cpu_device()
+    use_inline_cpu_device(omp_spin=True)
     rng = np.random.default_rng(0)
     print(f"{'channels':>8s} {'kernel us':>10s} {'MegEngine ops us':>17s} {'kernel / ops':>13s}")
     for c in args.channels:

@@ -94,7 +94,7 @@ def main():
     ap.add_argument("--torch-python", help="a python with torch (PyTorch's SGD is skipped without it)")
     args = ap.parse_args()
     quiet_device_probe()
-    use_inline_cpu_device()
+    use_inline_cpu_device(omp_spin=True)
     print("model     thr  params      " + "  ".join(f"{n:>18}" for n in RUNNERS + ("PyTorch SGD",)))
     for key in args.models:
         model = build_model(key, **MODELS[key])

@@ -276,7 +276,7 @@ def worker_main(args):
         quiet_device_probe()
     device = args.device
     if not device and args.worker in ("basebn", "basebn-poller", "basebn-passive"):
-        use_inline_cpu_device()
+        use_inline_cpu_device(omp_spin=True)
     elif not device:
         device = "cpu0"
     runner = MegEngineRunner("mge" if args.worker == "mge" else "basebn", args.model, device)

@@ -68,14 +68,15 @@ def lower_event_poller_priority(tasks_dir=_TASKS):
     return changed
 
 
-def use_inline_cpu_device():
+def use_inline_cpu_device(omp_spin=False):
     """Make :data:`INLINE_CPU_DEVICE` MegEngine's default device: its CPU kernels run on the thread that issues
     them, so basebn's custom ops wait for no queue. Call on a machine without CUDA before the first tensor that
     should live there (tensors made before keep their device; an op mixing the two fails), and not in a process
-    that dumps a traced graph. Also sets ``GOMP_SPINCOUNT`` to :data:`INLINE_OMP_SPIN` unless the user set it or
-    ``OMP_WAIT_POLICY``: libgomp reads it when basebn's kernel library first loads (the first op), so call this
-    before. Returns the default device now."""
-    if "OMP_WAIT_POLICY" not in os.environ:
+    that dumps a traced graph. With ``omp_spin`` (the process has the cores to itself: not one of several MPI
+    ranks, whose spinning workers would take each other's cores) also sets ``GOMP_SPINCOUNT`` to
+    :data:`INLINE_OMP_SPIN` unless the user set it or ``OMP_WAIT_POLICY``: libgomp reads it when basebn's kernel
+    library first loads (the first op), so call this before. Returns the default device now."""
+    if omp_spin and "OMP_WAIT_POLICY" not in os.environ:
         os.environ.setdefault("GOMP_SPINCOUNT", str(INLINE_OMP_SPIN))
     CompNode._set_default_device(INLINE_CPU_DEVICE)
     return CompNode._get_default_device()

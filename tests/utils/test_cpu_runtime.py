@@ -145,7 +145,7 @@ _OMP_SLEEPS = """
     import megengine as mge
     from basebn.utils.cpu_runtime import tune_cpu_runtime, use_inline_cpu_device
     tune_cpu_runtime()
-    use_inline_cpu_device()
+    use_inline_cpu_device(omp_spin=os.environ.pop("TEST_OMP_SPIN") == "1")
     print(os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"))
     from basebn.layers import bn_ops, kernel_library
 
@@ -178,14 +178,15 @@ _OMP_SLEEPS = """
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
-@pytest.mark.parametrize("user_policy", [None, "PASSIVE"])
-def test_with_the_inline_device_the_openmp_worker_spins_between_ops_unless_the_user_set_a_policy(user_policy):
+@pytest.mark.parametrize("omp_spin, user_policy", [(True, None), (True, "PASSIVE"), (False, None)])
+def test_with_the_inline_device_the_openmp_worker_spins_between_ops_unless_told_not_to(omp_spin, user_policy):
     """libgomp's own behaviour, seen in the kernel's count of the OpenMP worker's voluntary sleeps over 40
-    two-thread BN ops: with use_inline_cpu_device's GOMP_SPINCOUNT it spins through the gaps between ops (a few
-    sleeps at most); with the user's OMP_WAIT_POLICY=PASSIVE (kept) it sleeps after every parallel region."""
+    two-thread BN ops: with use_inline_cpu_device(omp_spin=True)'s GOMP_SPINCOUNT it spins through the gaps
+    between ops (a few sleeps at most); with the user's OMP_WAIT_POLICY=PASSIVE (kept), or without omp_spin (an
+    MPI rank's setting), it sleeps after every parallel region (the library's PASSIVE)."""
     if not __import__("basebn.layers.kernel_library", fromlist=["x"]).kernel_available():
         pytest.skip("needs basebn's kernel library")
-    env = dict(OMP_NUM_THREADS="2", BASEBN_NUM_THREADS="2")
+    env = dict(OMP_NUM_THREADS="2", BASEBN_NUM_THREADS="2", TEST_OMP_SPIN="1" if omp_spin else "0")
     if user_policy:
         env["OMP_WAIT_POLICY"] = user_policy
     full = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
@@ -194,9 +195,9 @@ def test_with_the_inline_device_the_openmp_worker_spins_between_ops_unless_the_u
                          env=full, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     settings, sleeps = out.stdout.strip().splitlines()[-2:]
-    if user_policy:
-        assert settings == "None PASSIVE"
-        assert int(sleeps) >= 40
-    else:
+    if omp_spin and not user_policy:
         assert settings == f"{INLINE_OMP_SPIN} None"
         assert int(sleeps) < 20
+    else:
+        assert settings == f"None {user_policy}"
+        assert int(sleeps) >= 40
