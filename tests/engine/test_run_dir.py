@@ -113,10 +113,18 @@ def test_read_only_output_dir(tmp_path):
 
 
 def test_concurrent_opens_exactly_one_wins(tmp_path, repo_root):
-    code = ("import sys, time\nfrom basebn.engine.run_dir import open_run_dir, RunDirError\n"
-            "try:\n    lock, _ = open_run_dir(sys.argv[1], resume=True)\n    time.sleep(3)\n    print('won')\n"
-            "except RunDirError:\n    print('refused')\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "run")], stdout=subprocess.PIPE,
-                              text=True, cwd=repo_root) for _ in range(3)]
-    outs = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
+    """Three processes open one run directory; the winner holds it until every process has answered (stdin
+    closed), so a slow start of one process cannot see the lock already released."""
+    code = ("import sys\nfrom basebn.engine.run_dir import open_run_dir, RunDirError\n"
+            "try:\n    lock, _ = open_run_dir(sys.argv[1], resume=True)\n    print('won', flush=True)\n"
+            "    sys.stdin.read()\n"
+            "except RunDirError:\n    print('refused', flush=True)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "run")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=repo_root) for _ in range(3)]
+    try:
+        outs = sorted(p.stdout.readline().strip() for p in procs)
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=120)
     assert outs == ["refused", "refused", "won"]
