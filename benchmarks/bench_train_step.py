@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_train_step.py [--models resnet20 resnet18 mbnetv2] [--threads 1 2]
         [--runners basebn basebn-poller basebn-passive basebn-untuned mge torch torchc]
         [--rounds 4] [--steps 2] [--warmup 2] [--torch-python PY | --install-torch] [--json OUT] [--profile]
+        [--same-window]
 
 Models: ResNet-20 width 16 (small stem) on 1x28x28 batch 128; ResNet-18 (ImageNet stem) on 3x112x112
 batch 32; MobileNetV2 x1.0 on 3x112x112 batch 32. Runners, each in its own process with the same
@@ -20,7 +21,9 @@ thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
   torchc  the PyTorch runner with torch.compile (inductor, CPU; compiled in the warm-up steps): the higher anchor
 MegEngine runs on ``--mge-device``: default, the runner's own (``basebn``: cpu:default, as basebn.train;
 ``basebn-untuned``, ``basebn-cpu0``, ``mge``: cpu0); ``cpu0`` or ``multithread`` (``multithreadT:0``) for all. Rounds alternate A B C, C B A, ...; each step is timed inside its process
-(medians and minima printed, ratios of medians to torch). ``--profile``: basebn's step split by phase
+(medians and minima printed, ratios of medians to torch). ``--same-window``: per model, every thread count's
+runners start together and alternate as one set, so each 1 -> N-thread speed-up is measured under one stretch of
+the host's load (this VM's load moves steps ±20% within minutes). ``--profile``: basebn's step split by phase
 (synchronised wall times) and by op kind (MegEngine's profiler with synchronous dispatch, so a kernel's
 span is its compute, not queue waits; the numpy weight gradient and its host copies timed around the
 calls), plus torch.profiler's split of the PyTorch step. Per-conv-shape times: bench_conv_backends.py.
@@ -511,11 +514,52 @@ def start_runners(args, model, threads, tmp):
 
 
 def measure(runners, rounds, steps):
-    times = {r.name: [] for r in runners}
+    """{runner name: step times}, the runners alternating A B C, C B A, ..."""
+    return {runners[i].name: t for i, t in enumerate(alternate(runners, rounds, steps))}
+
+
+def alternate(runners, rounds, steps):
+    """Each runner's step times (a list per runner, in order), the runners alternating A B C, C B A, ..."""
+    times = [[] for _ in runners]
+    order = list(range(len(runners)))
     for i in range(rounds):
-        for r in (runners if i % 2 == 0 else runners[::-1]):
-            times[r.name] += r.call(cmd="run", steps=steps)["times"]
+        for j in (order if i % 2 == 0 else order[::-1]):
+            times[j] += runners[j].call(cmd="run", steps=steps)["times"]
     return times
+
+
+def same_window(args):
+    """Per model: the runners of every thread count started together and measured in one alternation (A1 B1 A2
+    B2, B2 A2 B1 A1, ...); prints each thread count's row and every runner's speed-up from the first thread count
+    to the others. Returns the per-thread results."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench_train_step_") as tmp:
+        for model in args.models:
+            sets = {}
+            try:
+                for threads in args.threads:
+                    sets[threads] = start_runners(args, model, threads, tmp)
+                flat = [r for runners, _ in sets.values() for r in runners]
+                times = dict(zip(map(id, flat), alternate(flat, args.rounds, args.steps)))
+            finally:
+                for runners, _ in sets.values():
+                    for r in runners:
+                        r.close()
+            rows = {}
+            for threads, (runners, device) in sets.items():
+                res = {"model": model, "threads": threads, "mge_device": device or "default",
+                       "params": {r.name: r.info["params"] for r in runners},
+                       "times": {r.name: times[id(r)] for r in runners}, "same_window": True}
+                rows[threads] = res
+                results.append(res)
+                print_row(res, header=len(results) == 1)
+            first = args.threads[0]
+            for threads in args.threads[1:]:
+                ups = {k: statistics.median(rows[first]["times"][k]) / statistics.median(rows[threads]["times"][k])
+                       for k in rows[threads]["times"] if rows[threads]["times"][k] and rows[first]["times"].get(k)}
+                print(f"  {model}: {first} -> {threads}-thread speed-up (same window): "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in ups.items()), flush=True)
+    return results
 
 
 def print_profile(model, threads, prof, torch_prof):
@@ -568,6 +612,9 @@ def main(argv=None):
     ap.add_argument("--mge-device", choices=["default", "cpu0", "multithread"], default="default")
     ap.add_argument("--torch-python", help="a python with torch (else CACHE/torchvenv)")
     ap.add_argument("--install-torch", action="store_true", help="create CACHE/torchvenv and pip install torch")
+    ap.add_argument("--same-window", action="store_true",
+                    help="per model, run every thread count's runners at once, alternating all of them, so the "
+                         "1 -> N-thread speed-ups come from one stretch of the host's load (no --profile)")
     ap.add_argument("--profile", action="store_true", help="also profile basebn's step and PyTorch's")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
@@ -584,6 +631,9 @@ def main(argv=None):
     if wants_torch and not args.torch:
         print("PyTorch not found: pass --torch-python PY or --install-torch; running without it")
     results = []
+    if args.same_window:
+        results = same_window(args)
+        args.threads = []  # measured above
     with tempfile.TemporaryDirectory(prefix="bench_train_step_") as tmp:
         for threads in args.threads:
             for model in args.models:
