@@ -26,6 +26,19 @@ __all__ = ["TensorBoardLog", "EVENT_GLOB", "running_stats", "precise_bn_drift"]
 EVENT_GLOB = "events.out.tfevents.*"
 
 
+def _exponential_bins():
+    """TensorBoard's standard histogram buckets (tensorboardX's ``default_bins``): +-1e-12 .. 1e20, x1.1 apart,
+    and 0 (fixed edges, as the standard writer used)."""
+    edges, v = [], 1e-12
+    while v < 1e20:
+        edges.append(v)
+        v *= 1.1
+    return [-e for e in reversed(edges)] + [0.0] + edges
+
+
+_HISTOGRAM_BINS = _exponential_bins()
+
+
 def running_stats(module):
     """{NAME.running_mean / NAME.running_var: float64 copy} of `module`'s BN layers (what precise BN rewrites)."""
     return {k: np.array(v, dtype=np.float64) for k, v in module.state_dict().items()
@@ -73,14 +86,16 @@ class TensorBoardLog:
 
     def bn_drift(self, step, drift, section="bn_drift"):
         """Per-layer drift rows (:func:`precise_bn_drift`) as scalars ``SECTION/LAYER/{mean_shift,var_ratio}``
-        and as histograms over the layers ``SECTION/{mean_shift,var_ratio}``."""
+        and as histograms over the layers ``SECTION/{mean_shift,var_ratio}`` (finite values only: a channel whose
+        recomputed variance is 0 makes its layer's var_ratio infinite)."""
         for name, row in drift.items():
             for key, value in row.items():
                 self._summary(scalar(f"{section}/{name}/{key}", float(value)), step)
         for key in ("mean_shift", "var_ratio"):
             values = np.array([row[key] for row in drift.values()], dtype=np.float64)
+            values = values[np.isfinite(values)]  # (the layer's scalar keeps an inf / nan)
             if values.size:
-                self._summary(histogram(f"{section}/{key}", values, bins="auto"), step)
+                self._summary(histogram(f"{section}/{key}", values, _HISTOGRAM_BINS), step)
 
     def flush(self):
         """Write everything logged so far to the file."""

@@ -75,6 +75,18 @@ def test_tags_and_values_read_back(tmp_path):
     assert (hist[0].histogram_value.num, hist[0].histogram_value.min, hist[0].histogram_value.max) == (2, 0.25, 0.75)
 
 
+def test_an_infinite_drift_is_logged_and_left_out_of_the_histogram(tmp_path):
+    """A channel whose recomputed variance is 0 gives an infinite var_ratio: its scalar reads back as inf and
+    the histogram over the layers holds the finite value only (binning infinite values raised before)."""
+    log = TensorBoardLog(str(tmp_path))
+    log.bn_drift(6, {"a.bn": {"mean_shift": 0.25, "var_ratio": float("inf")}, "b.bn": {"mean_shift": 0.5, "var_ratio": 2.0}})
+    log.close()
+    acc = read(str(tmp_path))
+    assert [e.value for e in acc.Scalars("bn_drift/a.bn/var_ratio")] == [float("inf")]
+    hist = acc.Histograms("bn_drift/var_ratio")[0].histogram_value
+    assert (hist.num, hist.min, hist.max) == (1, 2.0, 2.0)
+
+
 def test_a_later_writer_supersedes_the_steps_from_its_first_step(tmp_path):
     """A killed writer logged steps 1-10 (and an evaluation at 10); the resumed one starts at 6 in the same
     second (file names then differ only by the sequence suffix): steps 6-10 appear once, with its values.
