@@ -614,7 +614,7 @@ def main(argv=None):
     ap.add_argument("--install-torch", action="store_true", help="create CACHE/torchvenv and pip install torch")
     ap.add_argument("--same-window", action="store_true",
                     help="per model, run every thread count's runners at once, alternating all of them, so the "
-                         "1 -> N-thread speed-ups come from one stretch of the host's load (no --profile)")
+                         "1 -> N-thread speed-ups come from one stretch of the host's load")
     ap.add_argument("--profile", action="store_true", help="also profile basebn's step and PyTorch's")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
@@ -630,10 +630,18 @@ def main(argv=None):
     args.torch = torch_python(args) if wants_torch else None
     if wants_torch and not args.torch:
         print("PyTorch not found: pass --torch-python PY or --install-torch; running without it")
+    if args.same_window and args.profile:
+        ap.error("--profile runs with one thread count at a time: leave out --same-window")
+    results = same_window(args) if args.same_window else thread_by_thread(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def thread_by_thread(args):
+    """Per thread count and model: that set of runners measured (and profiled with --profile); prints a row each.
+    Returns the results."""
     results = []
-    if args.same_window:
-        results = same_window(args)
-        args.threads = []  # measured above
     with tempfile.TemporaryDirectory(prefix="bench_train_step_") as tmp:
         for threads in args.threads:
             for model in args.models:
@@ -655,9 +663,7 @@ def main(argv=None):
                         r.close()
                 results.append(res)
                 print_row(res, header=len(results) == 1)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    return results
 
 
 def print_row(res, header):

@@ -6,9 +6,9 @@ first events are a SessionLog START at the first step it will write (what tensor
 writes): TensorBoard's reader then drops what an earlier writer (a killed run) logged from that step on, so a
 step logged before a kill and again after the resume appears once. TensorBoard reads a directory's event files
 in name order; the name's timestamp has one-second resolution, so a sequence suffix keeps same-second files in
-the order they were opened. Events are written synchronously (tensorboardX's ``EventsWriter``, not its
-``SummaryWriter``, whose queue and writer thread made ``flush()`` return before queued events reached the
-file): after :meth:`TensorBoardLog.flush` everything logged is on disk.
+the order they were opened. Events are written synchronously (tensorboardX's ``EventsWriter``; its
+``SummaryWriter`` queues them for a thread that ``flush()`` does not wait for): after
+:meth:`TensorBoardLog.flush` everything logged is on disk.
 """
 import glob
 import os

@@ -79,7 +79,8 @@ def test_an_infinite_drift_is_logged_and_left_out_of_the_histogram(tmp_path):
     """A channel whose recomputed variance is 0 gives an infinite var_ratio: its scalar reads back as inf and
     the histogram over the layers holds the finite value only (binning infinite values raised before)."""
     log = TensorBoardLog(str(tmp_path))
-    log.bn_drift(6, {"a.bn": {"mean_shift": 0.25, "var_ratio": float("inf")}, "b.bn": {"mean_shift": 0.5, "var_ratio": 2.0}})
+    log.bn_drift(6, {"a.bn": {"mean_shift": 0.25, "var_ratio": float("inf")},
+                     "b.bn": {"mean_shift": 0.5, "var_ratio": 2.0}})
     log.close()
     acc = read(str(tmp_path))
     assert [e.value for e in acc.Scalars("bn_drift/a.bn/var_ratio")] == [float("inf")]

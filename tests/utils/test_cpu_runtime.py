@@ -9,13 +9,18 @@ import textwrap
 
 import pytest
 
+from basebn.layers import kernel_library
 from basebn.utils.cpu_runtime import EVENT_POLLER_THREAD, INLINE_OMP_SPIN, WORKER_MAX_SPIN, lower_event_poller_priority
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+_SETTINGS_UNDER_TEST = ("MGB_WORKER_MAX_SPIN", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+
+
 def _run(code, **env):
-    full = {k: v for k, v in os.environ.items() if k != "MGB_WORKER_MAX_SPIN"}
+    """`code` in a fresh interpreter, without the caller's values of the settings under test, plus `env`."""
+    full = {k: v for k, v in os.environ.items() if k not in _SETTINGS_UNDER_TEST}
     full.update(env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full,
                           cwd=ROOT, timeout=120)
@@ -184,15 +189,12 @@ def test_with_the_inline_device_the_openmp_worker_spins_between_ops_unless_told_
     two-thread BN ops: with use_inline_cpu_device(omp_spin=True)'s GOMP_SPINCOUNT it spins through the gaps
     between ops (a few sleeps at most); with the user's OMP_WAIT_POLICY=PASSIVE (kept), or without omp_spin (an
     MPI rank's setting), it sleeps after every parallel region (the library's PASSIVE)."""
-    if not __import__("basebn.layers.kernel_library", fromlist=["x"]).kernel_available():
+    if not kernel_library.kernel_available():
         pytest.skip("needs basebn's kernel library")
     env = dict(OMP_NUM_THREADS="2", BASEBN_NUM_THREADS="2", TEST_OMP_SPIN="1" if omp_spin else "0")
     if user_policy:
         env["OMP_WAIT_POLICY"] = user_policy
-    full = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    full.update(env)
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(_OMP_SLEEPS)], capture_output=True, text=True,
-                         env=full, cwd=ROOT, timeout=120)
+    out = _run(_OMP_SLEEPS, **env)
     assert out.returncode == 0, out.stderr
     settings, sleeps = out.stdout.strip().splitlines()[-2:]
     if omp_spin and not user_policy:
