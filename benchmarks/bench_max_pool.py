@@ -11,15 +11,9 @@ prints its median; the table gives the median over rounds and the ratios basebn/
         [--shapes 32,64,56,56 8,64,112,112] [--rounds 3] [--reps 7]
 """
 import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
 
-from bench_train_step import thread_env
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from op_process import alternating_medians
 
 SETUP = r'''
 import json, sys, time
@@ -71,30 +65,7 @@ def step():
 ''',
 }
 
-TIMING = r'''
-for _ in range(2):
-    step()
-times = []
-for _ in range(reps):
-    t0 = time.perf_counter()
-    step()
-    times.append((time.perf_counter() - t0) * 1e3)
-print("@@" + json.dumps(sorted(times)[len(times) // 2]))
-'''
-
 FRAMEWORKS = ("basebn", "mge", "torch")
-
-
-def run_one(python, framework, shape, threads, reps):
-    """Median ms of one process's fwd+bwd calls."""
-    env = thread_env(threads)
-    if framework == "basebn":  # this checkout's basebn
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    res = subprocess.run([python, "-c", SETUP + STEPS[framework] + TIMING, shape, str(reps), str(threads)], env=env,
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"{framework} worker failed:\n{res.stderr[-2000:]}")
-    return json.loads(next(line for line in res.stdout.splitlines() if line.startswith("@@"))[2:])
 
 
 def main():
@@ -111,11 +82,9 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for shape in args.shapes:
         for threads in args.threads:
-            times = {fw: [] for fw in FRAMEWORKS}
-            for r in range(args.rounds):
-                for fw in (FRAMEWORKS if r % 2 == 0 else FRAMEWORKS[::-1]):
-                    times[fw].append(run_one(pythons[fw], fw, shape, threads, args.reps))
-            b, m, t = (statistics.median(times[fw]) for fw in FRAMEWORKS)
+            med = alternating_medians(pythons, {fw: SETUP + STEPS[fw] for fw in FRAMEWORKS}, shape, threads,
+                                      args.rounds, args.reps)
+            b, m, t = (med[fw] for fw in FRAMEWORKS)
             print(f"| {shape} | {threads} | {b:.1f} | {m:.1f} | {t:.1f} | {b / t:.2f}x | {b / m:.2f}x | {m / t:.2f}x |",
                   flush=True)
 

@@ -23,7 +23,9 @@ MegEngine runs on ``--mge-device``: default, the runner's own (``basebn``: cpu:d
 ``basebn-untuned``, ``basebn-cpu0``, ``mge``: cpu0); ``cpu0`` or ``multithread`` (``multithreadT:0``) for all. Rounds alternate A B C, C B A, ...; each step is timed inside its process
 (medians and minima printed, ratios of medians to torch). ``--same-window``: per model, every thread count's
 runners start together and alternate as one set, so each 1 -> N-thread speed-up is measured under one stretch of
-the host's load (this VM's load moves steps ±20% within minutes). ``--profile``: basebn's step split by phase
+the host's load (this VM's load moves steps ±20% within minutes), and basebn's speed-up over PyTorch's is also
+taken round by round (each round's four measurements are neighbours in time), printed as a median with a bootstrap
+95% interval over rounds. ``--profile``: basebn's step split by phase
 (synchronised wall times) and by op kind (MegEngine's profiler with synchronous dispatch, so a kernel's
 span is its compute, not queue waits; the numpy weight gradient and its host copies timed around the
 calls), plus torch.profiler's split of the PyTorch step. Per-conv-shape times: bench_conv_backends.py.
@@ -559,7 +561,30 @@ def same_window(args):
                        for k in rows[threads]["times"] if rows[threads]["times"][k] and rows[first]["times"].get(k)}
                 print(f"  {model}: {first} -> {threads}-thread speed-up (same window): "
                       + ", ".join(f"{k} {v:.2f}" for k, v in ups.items()), flush=True)
+                for ref in ("torch", "torchc"):
+                    if ref in ups and "basebn" in ups:
+                        mid, lo, hi = paired_speedup_ratio(rows[first]["times"], rows[threads]["times"], "basebn",
+                                                           ref, args.steps)
+                        print(f"    basebn's speed-up / {ref}'s, round by round: median {mid:.3f}, 95% bootstrap "
+                              f"interval {lo:.3f}-{hi:.3f} ({args.rounds} rounds)", flush=True)
     return results
+
+
+def round_medians(times, steps):
+    """The median step of each round (``times`` in order, ``steps`` per round)."""
+    return [statistics.median(times[i:i + steps]) for i in range(0, len(times) - steps + 1, steps)]
+
+
+def paired_speedup_ratio(times_a, times_b, runner, ref, steps, resamples=4000, seed=0):
+    """``runner``'s speed-up from thread count A to B over ``ref``'s, paired round by round (in a same-window
+    round the four measurements are neighbours in time, so the host's load mostly cancels): the median over rounds
+    and a percentile-bootstrap 95% interval of that median, resampling rounds. Returns (median, low, high)."""
+    per_round = [(a1 / b1) / (a2 / b2) for a1, b1, a2, b2 in zip(
+        round_medians(times_a[runner], steps), round_medians(times_b[runner], steps),
+        round_medians(times_a[ref], steps), round_medians(times_b[ref], steps))]
+    rng = np.random.default_rng(seed)
+    boot = np.median(rng.choice(per_round, size=(resamples, len(per_round))), axis=1)
+    return statistics.median(per_round), float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
 
 
 def print_profile(model, threads, prof, torch_prof):

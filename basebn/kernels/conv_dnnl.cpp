@@ -38,7 +38,6 @@
 #include "dnnl_runtime.h"
 #include "megbrain/custom/custom.h"
 #include "queued_work.h"
-#include "strided_copy.h"
 
 namespace basebn {
 namespace dnnl_conv {
@@ -267,13 +266,8 @@ Entry& entry(Kind kind, const Geom& g, int threads) {
     return *it->second;
 }
 
-// A contiguous float32 view of t: t's memory, or a strided gather into buf.
 const float* contiguous(const Tensor& t, std::vector<float>& buf) {
-    custom_assert(t.dtype().enumv() == custom::DTypeEnum::float32, "conv: tensors must be float32, got %s",
-                  t.dtype().str().c_str());
-    if (t.is_contiguous())
-        return t.data<float>();
-    return gather_strided(t, buf);
+    return dnnl_rt::contiguous_f32(t, buf, "conv");
 }
 
 float* out_ptr(Tensor& t) {

@@ -1,5 +1,5 @@
 // The oneDNN CPU engine and the OpenMP thread count of a call, shared by the oneDNN ops (conv_dnnl.cpp,
-// pool_dnnl.cpp): one engine for the library, and the same thread rule everywhere.
+// pool_dnnl.cpp, matmul_dnnl.cpp): one engine for the library, and the same thread rule everywhere.
 // Compiled only with -DBASEBN_WITH_DNNL.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "megbrain/custom/custom.h"
+#include "strided_copy.h"
 
 namespace basebn {
 namespace dnnl_rt {
@@ -33,6 +34,15 @@ inline int set_threads() {
     }
     omp_set_num_threads(n);
     return n;
+}
+
+// A contiguous float32 view of t: t's memory, or a strided gather into buf (`op` names the caller in the error).
+inline const float* contiguous_f32(const custom::Tensor& t, std::vector<float>& buf, const char* op) {
+    custom_assert(t.dtype().enumv() == custom::DTypeEnum::float32, "%s: tensors must be float32, got %s", op,
+                  t.dtype().str().c_str());
+    if (t.is_contiguous())
+        return t.data<float>();
+    return gather_strided(t, buf);
 }
 
 // Custom-op inference shared by the conv and pool ops: outputs on input 0's device and format, float32.

@@ -3,7 +3,8 @@
 BN modules import one way (docs/bn_design.md): precise_bn, convert -> conv_bn -> conv_bn_pairs -> norm ->
 batch_renorm -> batch_norm, sync_bn, frozen_bn -> bn_function -> bn_guard, bn_ops -> kernel_library -> kernel_build;
 bn_accumulation -> norm, bn_guard; conv -> conv_ops -> kernel_library (the one custom-op library of BN and conv);
-max_pool -> conv, pool_ops -> kernel_library (the max-pool ops, built with the conv ops).
+max_pool -> conv, pool_ops -> kernel_library (the max-pool ops, built with the conv ops); linear -> conv, conv_ops,
+matmul_ops -> kernel_library (the matmul op, built with them too).
 """
 from .activation import HSigmoid, HSwish, ReLU6, Swish, build_activation  # noqa: F401
 from .batch_norm import BatchNorm2d  # noqa: F401
@@ -41,6 +42,7 @@ from .convert import (  # noqa: F401
 from .divisible import make_divisible  # noqa: F401
 from .drop_path import DropPath, drop_path  # noqa: F401
 from .frozen_bn import FrozenBatchNorm2d  # noqa: F401
+from .linear import Linear  # noqa: F401
 from .max_pool import MaxPool2d, max_pool2d  # noqa: F401
 from .norm import build_norm, bn_layers, is_bn, is_norm, set_norm_batch_size, uses_running_stats  # noqa: F401
 from .pooling import AdaptiveAvgPool2d, GlobalAvgPool2d  # noqa: F401

@@ -2,8 +2,8 @@
 
 :func:`ensure_kernels_checked` (called where the trainer builds its model) runs the quick form of
 :func:`.kernel_selfcheck.run_selfcheck` for the op families the run will use (``bn``: the BN kernels;
-``conv``: the oneDNN conv ops, CPU), once per (device name, kernel-library hash): the result is cached as
-``selfcheck-<device>.json`` in the library's build directory (its name is the hash), so later runs only
+``conv``: the oneDNN conv, max-pool and matmul ops, CPU), once per (device name, kernel-library hash): the result
+is cached as ``selfcheck-<device>.json`` in the library's build directory (its name is the hash), so later runs only
 read it. A family that fails is switched off for this process with ONE warning: ``$BASEBN_BN_BACKEND=fallback``
 (the pure-MegEngine BN ops) or ``$BASEBN_CONV_BACKEND=megengine``. ``BASEBN_SELFCHECK=0`` skips the check.
 No collective: each process checks its own device (kernel and fallback results agree within tolerance,
@@ -23,10 +23,11 @@ from .kernel_selfcheck import device_is_gpu, device_name, run_selfcheck
 __all__ = ["SELFCHECK_ENV", "selfcheck_cache_path", "ensure_kernels_checked"]
 
 SELFCHECK_ENV = "BASEBN_SELFCHECK"
-_FORMAT = 1  # bump when the quick check changes: older cached verdicts are then redone
+_FORMAT = 2  # bump when the quick check changes: older cached verdicts are then redone (2: the matmul row)
 _FALLBACK = {  # family -> (what, environment variable, value that switches to the MegEngine path, that path)
     "bn": ("the BN kernels", "BASEBN_BN_BACKEND", "fallback", "the pure-MegEngine BN ops"),
-    "conv": ("the oneDNN conv and max-pool ops", "BASEBN_CONV_BACKEND", "megengine", "MegEngine's conv and max pool"),
+    "conv": ("the oneDNN conv, max-pool and matmul ops", "BASEBN_CONV_BACKEND", "megengine",
+             "MegEngine's conv, max pool and matmul"),
 }
 _checked = {}  # (device, build dir) -> {family: verdict dict}, this process
 

@@ -1,8 +1,8 @@
 """What the custom-op library (:mod:`.kernel_library`) is built from, and where its build is cached.
 
-Sources in ``basebn/kernels/`` (``$BASEBN_KERNEL_DIR``); the oneDNN conv and max-pool ops
-(``conv_dnnl.cpp``, ``pool_dnnl.cpp``) are compiled in when :func:`find_onednn` finds oneDNN and no
-build with it failed before; the CUDA part when a GPU and a toolkit are found (:func:`cuda_wanted`).
+Sources in ``basebn/kernels/`` (``$BASEBN_KERNEL_DIR``); the oneDNN conv, max-pool and matmul ops
+(``conv_dnnl.cpp``, ``pool_dnnl.cpp``, ``matmul_dnnl.cpp``) are compiled in when :func:`find_onednn` finds
+oneDNN and no build with it failed before; the CUDA part when a GPU and a toolkit are found (:func:`cuda_wanted`).
 :func:`kernel_build_spec` gives the :class:`KernelBuildSpec`, whose ``build_dir`` under
 :func:`kernel_cache_root` is keyed by the hash of the sources, headers, flags, MegEngine version,
 custom-op ABI and oneDNN root/version (not of this Python file). Nothing here compiles or loads anything.
@@ -44,7 +44,7 @@ _CUDA_SOURCES = ("bn_cuda.cu", "bn_cuda_launch.cu")  # the MegEngine glue, the s
 _CUDA_HEADERS = ("bn_cuda_launch.h", "bn_cuda_kernels.cuh")  # (hashed in CUDA builds only)
 _HEADERS = ("bn_math.h", "bn_kernels.h", "bn_act_kernels.h", "bn_cpu_rows.h", "bn_act_cpu_rows.h", "strided_copy.h",
             "queued_work.h")
-_DNNL_SOURCES = ("conv_dnnl.cpp", "pool_dnnl.cpp")  # the oneDNN conv ops, the max-pool ops
+_DNNL_SOURCES = ("conv_dnnl.cpp", "pool_dnnl.cpp", "matmul_dnnl.cpp")  # the conv, max-pool and matmul ops
 _DNNL_HEADERS = ("dnnl_runtime.h",)  # (hashed in oneDNN builds only: the BN-only key stays)
 _LIB_NAME = "basebn_bn"
 _DNNL_LIB_NAME = "basebn_bn_dnnl"  # another name: a failed oneDNN build can be followed by the BN-only one

@@ -41,6 +41,7 @@ __all__ = [
     "ACT_OP_NAMES",
     "CONV_OP_NAMES",
     "POOL_OP_NAMES",
+    "MATMUL_OP_NAMES",
     "RUNNING_OP_NAMES",
     "set_default_omp_wait_policy",
     "load_kernels",
@@ -60,6 +61,7 @@ ACT_OP_NAMES = ("BasebnBnActNormalize", "BasebnBnAddActNormalize", "BasebnBnActB
 # only with oneDNN
 CONV_OP_NAMES = ("BasebnConvFwd", "BasebnConvBwdData", "BasebnConvBwdFilter", "BasebnConvBwd")
 POOL_OP_NAMES = ("BasebnMaxPoolFwd", "BasebnMaxPoolBwd")  # only with oneDNN (basebn/kernels/pool_dnnl.cpp)
+MATMUL_OP_NAMES = ("BasebnMatMul",)  # only with oneDNN (basebn/kernels/matmul_dnnl.cpp)
 RUNNING_OP_NAMES = ("BasebnBnRunningUpdate",)  # the guarded running-statistics update (bn_running_cpu.cpp), CPU
 
 
@@ -144,7 +146,7 @@ def _load_spec(spec):
                     f.write(lib_path + "\n")
         finally:
             _flock(lock_file, False)
-    dnnl_ops = CONV_OP_NAMES + POOL_OP_NAMES if spec.onednn is not None else ()
+    dnnl_ops = CONV_OP_NAMES + POOL_OP_NAMES + MATMUL_OP_NAMES if spec.onednn is not None else ()
     for op in OP_NAMES + ACT_OP_NAMES + RUNNING_OP_NAMES + dnnl_ops:
         if not hasattr(custom, op):
             raise RuntimeError(f"custom op {op} missing after loading {lib_path}")

@@ -1,17 +1,17 @@
 """Every custom op against the pure-MegEngine path on the device at hand (``python -m basebn.tools.selfcheck``).
 
 :func:`run_selfcheck` gives one :class:`CheckRow` per op: the BN ops (:mod:`.bn_ops`, kernel vs fallback;
-float32 and float16, 2D-5D, strided gather path, non-contiguous, N=1, C=1) and the fused BN-activation ops
-on the same cases, the oneDNN conv ops vs
-``F.conv2d`` and its gradients (CPU), the max-pool ops (built with them) vs ``F.max_pool2d`` and its
-gradient on inputs full of ties (CPU), and with several processes :class:`.SyncBatchNorm` on uneven shards
-and an empty rank vs one-process BN of the whole batch. ``rel`` = max|kernel - reference| / max|reference|
-(``abs`` = the numerator); an op fails when rel > its tolerance (:data:`TOLERANCES`) or it raises:
+float32 and float16, 2D-5D, strided gather path, non-contiguous, N=1, C=1) and the fused BN-activation ops on the
+same cases; on CPU the oneDNN conv ops vs ``F.conv2d`` and its gradients, the max-pool ops (built with them) vs
+``F.max_pool2d`` and its gradient on inputs full of ties, the matmul op vs ``F.matmul``; with several processes
+:class:`.SyncBatchNorm` on uneven shards and an empty rank vs one-process BN of the whole batch.
+``rel`` = max|kernel - reference| / max|reference| (``abs`` = the numerator); an op fails when rel > its
+tolerance (:data:`TOLERANCES`) or it raises:
 - ``float32`` 1e-4: both paths accumulate float32 sums (<= ~1e5 terms here) in different orders, a few
   1e-6 apart at most; a wrong constant, index or stride is >= 1e-3.
 - ``float16`` 4e-3 (float16 outputs): each path rounds to float16 (2**-11 relative), so results may sit
   one float16 ulp (<= 2**-10 of the largest value) apart. Statistics of float16 inputs are float32.
-- ``conv`` 1e-4: float32 sums of <= ~600 products by different algorithms (oneDNN vs MegEngine).
+- ``conv`` 1e-4 (also the matmul): float32 sums of <= ~600 products by different algorithms.
 - ``pool`` 1e-6: y is a copy of one input; dx sums at most a few dy (window overlaps), in the same order as
   MegEngine; a lost or extra tie moves dx by a whole dy.
 - ``sync_bn`` 1e-4: float64 host merge of per-rank float32 moments vs one float32 reduction.
@@ -35,10 +35,12 @@ from . import bn_ops
 from .bn_ops import kernel as bn_kernel
 from .conv_ops import ConvGeometry, conv_backward_data, conv_backward_weights, conv_forward
 from .kernel_library import conv_kernel_available, conv_kernel_error, kernel_error, load_kernels
+from .matmul_ops import matmul
 from .pool_ops import PoolGeometry, max_pool_backward, max_pool_forward
 from .sync_bn import SyncBatchNorm, local_statistics
 
-__all__ = ["TOLERANCES", "BN_OPS", "BN_ACT_OPS", "RUNNING_OPS", "CONV_OPS", "POOL_OPS", "FAMILIES", "CheckRow",
+__all__ = ["TOLERANCES", "BN_OPS", "BN_ACT_OPS", "RUNNING_OPS", "CONV_OPS", "POOL_OPS", "MATMUL_OPS", "FAMILIES",
+           "CheckRow",
            "device_name", "device_is_gpu", "run_selfcheck", "format_rows"]
 
 TOLERANCES = {"float32": 1e-4, "float16": 4e-3, "conv": 1e-4, "pool": 1e-6, "sync_bn": 1e-4}
@@ -50,7 +52,8 @@ RUNNING_OPS = ("bn_running_update",)  # the guarded running-statistics update (b
 CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
 # the max-pool ops: built with the conv ops and on the same switch ($BASEBN_CONV_BACKEND), so in their family
 POOL_OPS = ("max_pool_fwd", "max_pool_bwd")
-FAMILIES = {"bn": BN_OPS + BN_ACT_OPS + RUNNING_OPS, "conv": CONV_OPS + POOL_OPS, "sync_bn": ("sync_bn",)}
+MATMUL_OPS = ("matmul",)  # the Linear layers' op: built with the conv ops, on the same switch
+FAMILIES = {"bn": BN_OPS + BN_ACT_OPS + RUNNING_OPS, "conv": CONV_OPS + POOL_OPS + MATMUL_OPS, "sync_bn": ("sync_bn",)}
 _EPS = 1e-5
 
 
@@ -404,6 +407,33 @@ def _check_pool(quick, reps):
     return [errs[op].row(op, "conv", TOLERANCES["pool"]) for op in POOL_OPS]
 
 
+# ------------------------------------------------------------------------------------- matmul op
+def _check_matmul(quick, reps):
+    """The matmul op vs F.matmul in the three forms a Linear layer uses (x W^T + b, dy W, dy^T x), and with a
+    non-contiguous input."""
+    rng = np.random.default_rng(5)
+    e = _Errors()
+    sizes = [(8, 24, 10)] + ([] if quick else [(1, 7, 3), (32, 512, 100)])
+    for m, k, n in sizes:
+        a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        at, bt, biast = mge.tensor(a), mge.tensor(b), mge.tensor(bias)
+        dy = mge.tensor(rng.standard_normal((m, n)).astype(np.float32))
+        cases = (("x W^T + b", lambda: matmul(at, bt, trans_b=True, bias=biast),
+                  lambda: F.matmul(at, bt, transpose_b=True) + biast),
+                 ("dy W", lambda: matmul(dy, bt), lambda: F.matmul(dy, bt)),
+                 ("dy^T x", lambda: matmul(dy, at, trans_a=True), lambda: F.matmul(dy, at, transpose_a=True)),
+                 ("x W^T, x a non-contiguous view",
+                  lambda: matmul(_tensor(a, "float32", "transposed"), bt, trans_b=True),
+                  lambda: F.matmul(at, bt, transpose_b=True)))
+        for what, ours, theirs in cases:
+            want, t_ref = _timed(theirs, reps)
+            got, tk = _timed(ours, reps)
+            e.compare(got, want, f"{what} ({m}, {k}, {n})")
+            e.cases, e.kernel_s, e.fallback_s = e.cases + 1, e.kernel_s + tk, e.fallback_s + t_ref
+    return [e.row("matmul", "conv", TOLERANCES["conv"])]
+
+
 # --------------------------------------------------------------------------------------- SyncBN
 def _shards(total, world, empty_rank):
     """Per-rank batch sizes: uneven (rank r gets more than rank r + 1), or the last rank empty."""
@@ -496,7 +526,7 @@ def run_selfcheck(quick=False, families=("bn", "conv", "sync_bn")):
         if lib is None:
             reason = f"the kernel library did not build: {kernel_error()}"
         elif family == "conv" and gpu:
-            reason = "the oneDNN conv and max-pool ops are CPU-only"
+            reason = "the oneDNN conv, max-pool and matmul ops are CPU-only"
         elif family == "conv" and not conv_kernel_available():
             reason = conv_kernel_error()
         elif family != "conv" and gpu and not lib["cuda"]:
@@ -507,7 +537,7 @@ def run_selfcheck(quick=False, families=("bn", "conv", "sync_bn")):
             rows += _skipped(family, reason)
             continue
         check = {"bn": lambda: _check_bn(quick, reps, gpu),
-                 "conv": lambda: _check_conv(quick, reps) + _check_pool(quick, reps),
+                 "conv": lambda: _check_conv(quick, reps) + _check_pool(quick, reps) + _check_matmul(quick, reps),
                  "sync_bn": lambda: _check_sync_bn(reps)}[family]
         try:
             rows += check()

@@ -9,6 +9,7 @@ import megengine.module as M
 from ..layers.activation import build_activation
 from ..layers.bn_act import norm_then_act
 from ..layers.conv_norm_act import padded_conv
+from ..layers.linear import Linear
 from ..layers.pooling import AdaptiveAvgPool2d, GlobalAvgPool2d
 from ..layers.se import SqueezeExcite
 
@@ -27,7 +28,7 @@ class ClsHead(M.Module):
             w_in = width
         self.avg_pool = GlobalAvgPool2d()
         self.dropout = M.Dropout(dropout) if dropout > 0 else None
-        self.fc = M.Linear(w_in, num_classes, bias=bias)
+        self.fc = Linear(w_in, num_classes, bias=bias)
 
     def forward(self, x):
         if self.width > 0:
@@ -48,10 +49,10 @@ class MBV3Head(M.Module):
         self.bn, self.act = norm_then_act(norm_layer(width), act)
         self.avg_pool = GlobalAvgPool2d()
         self.se = SqueezeExcite(width, int(se_r * width), act) if se_r > 0 else None
-        self.h_fc = M.Linear(width, w_h, bias=bias)
+        self.h_fc = Linear(width, w_h, bias=bias)
         self.h_act = build_activation(act)
         self.dropout = M.Dropout(dropout) if dropout > 0 else None
-        self.fc = M.Linear(w_h, num_classes, bias=bias)
+        self.fc = Linear(w_h, num_classes, bias=bias)
 
     def forward(self, x):
         x = self.avg_pool(self.act(self.bn(self.conv(x))))
@@ -70,9 +71,9 @@ class VGGHead(M.Module):
         super().__init__()
         self.avg_pool = AdaptiveAvgPool2d(7)
         self.classifier = M.Sequential(
-            M.Linear(w_in * 7 * 7, width), build_activation(act), M.Dropout(dropout),
-            M.Linear(width, width), build_activation(act), M.Dropout(dropout),
-            M.Linear(width, num_classes),
+            Linear(w_in * 7 * 7, width), build_activation(act), M.Dropout(dropout),
+            Linear(width, width), build_activation(act), M.Dropout(dropout),
+            Linear(width, num_classes),
         )
 
     def forward(self, x):

@@ -11,6 +11,7 @@ import megengine.module as M
 
 from ..layers.bn_act import norm_act, with_act
 from ..layers.conv import Conv2d, conv_and_identity
+from ..layers.linear import Linear
 from ..layers.max_pool import MaxPool2d
 from .norm_factory import norm_factory
 from .weight_init import init_weights_torchvision, zero_init_last_norms
@@ -116,7 +117,7 @@ class ResNet(M.Module):
         self.num_stages = len(stages)
         for i, stage in enumerate(stages):
             setattr(self, f"layer{i + 1}", stage)
-        self.fc = M.Linear(cin, num_classes)
+        self.fc = Linear(cin, num_classes)
         init_weights_torchvision(self)
         if zero_init_residual:
             zero_init_last_norms(self)

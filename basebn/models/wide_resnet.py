@@ -10,6 +10,7 @@ import megengine.functional as F
 import megengine.module as M
 
 from ..layers.conv_norm_act import padded_conv
+from ..layers.linear import Linear
 from .norm_factory import norm_factory
 from .weight_init import init_weights_wrn
 
@@ -67,7 +68,7 @@ class WideResNet(M.Module):
         self.block2 = _NetworkBlock(n, widths[1], widths[2], 2, norm_layer, dropout)
         self.block3 = _NetworkBlock(n, widths[2], widths[3], 2, norm_layer, dropout)
         self.bn1 = norm_layer(widths[3])
-        self.fc = M.Linear(widths[3], num_classes)
+        self.fc = Linear(widths[3], num_classes)
         init_weights_wrn(self)
 
     def features(self, x):

@@ -34,6 +34,7 @@ def test_quick_selfcheck_passes_on_the_real_library():
     conv = "ok" if kernel_library.conv_kernel_available() else "skip"
     assert [rows[op]["verdict"] for op in kernel_selfcheck.CONV_OPS] == [conv] * 3
     assert [rows[op]["verdict"] for op in kernel_selfcheck.POOL_OPS] == [conv] * 2  # built with the conv ops
+    assert rows["matmul"]["verdict"] == conv and rows["matmul"]["cases"] == (4 if conv == "ok" else 0), rows["matmul"]
     assert rows["sync_bn"]["verdict"] == "skip"  # one process
 
 
@@ -42,7 +43,8 @@ def test_table_has_one_row_per_op():
     assert r.returncode == 0, r.stdout + r.stderr
     ops = [ln.split()[0] for ln in r.stdout.splitlines()[2:]]
     assert ops == list(kernel_selfcheck.BN_OPS + kernel_selfcheck.BN_ACT_OPS + kernel_selfcheck.RUNNING_OPS
-                       + kernel_selfcheck.CONV_OPS + kernel_selfcheck.POOL_OPS) + ["sync_bn"]
+                       + kernel_selfcheck.CONV_OPS + kernel_selfcheck.POOL_OPS + kernel_selfcheck.MATMUL_OPS
+                       + ("sync_bn",))
 
 
 def test_unbuildable_library_is_a_one_line_error(tmp_path):
@@ -92,7 +94,8 @@ def test_a_failed_verdict_switches_the_family_off_with_one_warning(fresh):
     build_dir, warnings = fresh
     failed = {"ok": False, "failed": ["bn_normalize: max rel err 1.00e-02 > 1e-04"]}
     with open(_path(build_dir), "w") as f:
-        json.dump({"format": 1, "families": {"bn": failed, "conv": {"ok": True, "failed": []}}}, f)
+        json.dump({"format": kernel_autocheck._FORMAT,
+                   "families": {"bn": failed, "conv": {"ok": True, "failed": []}}}, f)
     assert kernel_autocheck.ensure_kernels_checked()["bn"] == failed
     assert os.environ["BASEBN_BN_BACKEND"] == "fallback" and os.environ["BASEBN_CONV_BACKEND"] == "auto"
     assert bn_ops.backend() == "fallback"
