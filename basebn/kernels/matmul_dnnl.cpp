@@ -61,18 +61,15 @@ void compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>&
     if (g.M == 0 || g.N == 0)
         return;
     float* cp = c.data<float>();
-    float beta = 0.f;
-    if (g.bias) {
+    if (g.bias) {  // c starts as the bias on every row, and sgemm adds to it (beta = 1)
         custom_assert(static_cast<dim>(in[2].size()) == g.N, "matmul: bias has %zu values, expected %lld",
                       in[2].size(), static_cast<long long>(g.N));
-        std::vector<float> bb;
-        const float* bias = contiguous(in[2], bb);
+        std::vector<float> bbias;
+        const float* bias = contiguous(in[2], bbias);
         for (dim m = 0; m < g.M; ++m)
             std::copy(bias, bias + g.N, cp + m * g.N);
-        beta = 1.f;
-    } else if (g.K == 0) {
+    } else if (g.K == 0) {  // an empty sum: sgemm is not called
         std::fill(cp, cp + g.M * g.N, 0.f);
-        return;
     }
     if (g.K == 0)
         return;
@@ -82,7 +79,7 @@ void compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>&
     dnnl_rt::set_threads();
     // row-major: lda / ldb are the stored rows' lengths
     const dnnl_status_t st = dnnl_sgemm(g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N', g.M, g.N, g.K, 1.f, a,
-                                        g.trans_a ? g.M : g.K, b, g.trans_b ? g.K : g.N, beta, cp, g.N);
+                                        g.trans_a ? g.M : g.K, b, g.trans_b ? g.K : g.N, g.bias ? 1.f : 0.f, cp, g.N);
     custom_assert(st == dnnl_success, "matmul: oneDNN sgemm failed (status %d)", static_cast<int>(st));
 }
 

@@ -50,12 +50,12 @@ class _LinearOp(Function):
 
 
 def linear_op_applies(x, weight, bias=None, compute_mode="default"):
-    """Does the op take this call? (CPU, float32, at least :data:`LINEAR_OP_MIN_MACS` multiply-adds, the default
+    """Does the op take this call? (CPU, float32, at least :data:`LINEAR_OP_MIN_MACS` >= 1 multiply-adds, the default
     compute mode, no autocast, fast paths on, not in a symbolic trace, ``$BASEBN_CONV_BACKEND`` gives ``dnnl``)."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
     return (compute_mode == "default" and not amp._enabled and fast_cpu_weight_grad() and not symbolic_tracing()
             and on_cpu(x) and x.ndim >= 1 and weight.ndim == 2 and x.size * weight.shape[0] >= LINEAR_OP_MIN_MACS
-            and x.size > 0 and all(t.dtype == np.float32 for t in tensors) and conv_backend() == "dnnl")
+            and all(t.dtype == np.float32 for t in tensors) and conv_backend() == "dnnl")
 
 
 def linear(x, weight, bias=None):
