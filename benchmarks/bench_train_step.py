@@ -254,6 +254,8 @@ def op_kind(name, part):
             return "conv bwd-data"
         if any(k in low for k in ("backwardfilter", "bwdfilter", "weight", "bwdw", "bwd_w")):
             return "conv bwd-weights"
+        if "bwd" in low or "backward" in low:  # BasebnConvBwd: both gradients in one op
+            return "conv bwd (data + weights, one op)"
         return "conv fwd"
     if name in ("BasebnBnStats", "BasebnBnNormalize", "BatchNorm"):
         return "BN fwd (kernels)"

@@ -16,6 +16,7 @@ from .. import distributed as dist
 from . import bn_ops
 from .bn_function import _affine_args, _BNTrainFunction, _empty_like, _zeros_c
 from .bn_guard import record_batch
+from .kernel_library import has_values
 
 __all__ = ["kernel_bn_act_forward"]
 
@@ -33,7 +34,7 @@ class _ActBackward:
         return shortcut, weight, bias
 
     def _normalize(self, x, shortcut, weight, bias):
-        if x.size == 0:
+        if not has_values(x):
             return self._keep(x, weight, bias, _empty_like(x))
         y = bn_ops.bn_act_normalize(x, self.mean, self.invstd, weight, bias, act=self.act, shortcut=shortcut)
         return self._keep(x, weight, bias, y)
@@ -58,13 +59,13 @@ class _ActBackward:
             if self.has_affine:
                 return grads + (sum_dz_xhat, sum_dz)
             return grads if self.residual else dx
-        if x.size > 0:
+        if has_values(x):
             sum_dz, sum_dz_xhat = bn_ops.bn_act_backward_reduce(dy, y, x, self.mean, self.invstd, act=self.act,
                                                                 weight=self.weight, bias=self.bias)
         else:  # an empty rank still returns (and, when synchronised, contributes) zero sums
             sum_dz, sum_dz_xhat = _zeros_c(c, x.device), _zeros_c(c, x.device)
         g_dz, g_dz_xhat, count = self._global_sums(sum_dz, sum_dz_xhat)
-        if x.size > 0:
+        if has_values(x):
             grads = bn_ops.bn_act_backward_elemt(dy, y, x, self.mean, self.invstd, self.weight, g_dz, g_dz_xhat,
                                                  count, act=self.act, shortcut_grad=True, bias=self.bias)
             grads = grads if self.residual else grads[:1]

@@ -16,6 +16,7 @@ from megengine.autodiff import Function
 from .. import distributed as dist
 from . import bn_ops
 from .bn_guard import record_batch
+from .kernel_library import has_values
 from .moments import Moments, merge_all
 
 __all__ = ["kernel_bn_forward"]
@@ -59,7 +60,7 @@ class _BNFunction(Function):
         x, c = self.x, self.x.shape[1]
         if dy is None:
             dy = F.zeros(x.shape, dtype=x.dtype)
-        if x.size > 0:
+        if has_values(x):
             sum_dy, sum_dy_xhat = bn_ops.bn_backward_reduce(dy, x, self.mean, self.invstd)
         else:  # an empty rank still returns (and, when synchronised, contributes) zero sums
             sum_dy, sum_dy_xhat = _zeros_c(c, x.device), _zeros_c(c, x.device)
@@ -213,12 +214,12 @@ class _BNEvalFunction(_BNFunction):
 
     def forward(self, x, weight=None, bias=None):
         self._save(x, weight)
-        if x.size == 0:
+        if not has_values(x):
             return _empty_like(x)
         return bn_ops.bn_normalize(x, self.mean, self.invstd, weight, bias)
 
     def _input_grad(self, dy, sum_dy, sum_dy_xhat):
-        if dy.size == 0:
+        if not has_values(dy):
             return _empty_like(dy)
         # dx = dy * invstd * weight: bn_normalize with a zero mean and no bias
         return bn_ops.bn_normalize(dy, _zeros_c(dy.shape[1], dy.device), self.invstd, self.weight, None)

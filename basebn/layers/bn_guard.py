@@ -41,8 +41,6 @@ def apply_running_update(bn, mean, var):
     :func:`.bn_ops.bn_running_update` (one kernel call on CPU); the cumulative average also reads on the host
     whether the batch counted, since only finite batches advance its count.
     """
-    shape = tuple(bn.running_mean.shape)
-    mean, var = mean.reshape(shape), var.reshape(shape)
     tracked = getattr(bn, "num_batches_tracked", 0)
     cumulative = bn.momentum is None
     keep = 1.0 - 1.0 / (tracked + 1) if cumulative else float(bn.momentum)

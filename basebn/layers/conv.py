@@ -20,6 +20,7 @@ from megengine.module.qat import QATModule
 
 from .conv_ops import (ConvGeometry, conv_backend, conv_backward, conv_backward_data, conv_backward_weights,
                        conv_forward)
+from .kernel_library import has_values
 
 __all__ = [
     "Conv2d",
@@ -112,7 +113,7 @@ def records_grad(*tensors):
 
 def _dnnl_applies(x, *others):
     """Run this CPU conv on the oneDNN ops? (backend ``dnnl``, float32 NCHW, not empty)."""
-    return (x.ndim == 4 and x.size > 0 and all(t.dtype == np.float32 for t in (x,) + others if t is not None)
+    return (x.ndim == 4 and has_values(x) and all(t.dtype == np.float32 for t in (x,) + others if t is not None)
             and conv_backend() == "dnnl")
 
 

@@ -7,6 +7,7 @@ weight gradient), ``auto`` (default: the ops when built, else ``megengine`` afte
 Tensors are NCHW float32 on CPU; weights in MegEngine's layout, (O, C, kh, kw) or (G, O/G, C/G, kh, kw).
 """
 import functools
+import math
 import os
 from typing import NamedTuple, Tuple
 
@@ -65,13 +66,13 @@ class ConvGeometry(NamedTuple):
 
 
 @functools.lru_cache(maxsize=1024)
-def _op(name, **params):
-    return getattr(custom, name)(**params)
+def _op(name, geom, **params):
+    return getattr(custom, name)(**geom.params(), **params)
 
 
 def _run(name, geom, inputs, **params):
     wait_for_inputs(*inputs)  # waits for the inputs' producers when the ops cannot do it themselves
-    return apply(_op(name, **geom.params(), **params), *inputs)
+    return apply(_op(name, geom, **params), *inputs)
 
 
 def check_conv_shapes(x, weight, bias, geom):
@@ -94,8 +95,8 @@ def check_conv_shapes(x, weight, bias, geom):
         if size + 2 * pad < (k - 1) * d + 1:
             raise ValueError(f"conv2d: input {axis} {size} (padding {pad}) is smaller than the kernel's "
                              f"{(k - 1) * d + 1}")
-    if bias is not None and bias.size != out_channels:
-        raise ValueError(f"conv2d: bias has {bias.size} values, the weight {tuple(weight.shape)} has "
+    if bias is not None and math.prod(bias.shape) != out_channels:
+        raise ValueError(f"conv2d: bias has {math.prod(bias.shape)} values, the weight {tuple(weight.shape)} has "
                          f"{out_channels} output channels")
 
 

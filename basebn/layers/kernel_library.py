@@ -51,6 +51,7 @@ __all__ = [
     "conv_kernel_available",
     "conv_kernel_error",
     "symbolic_tracing",
+    "has_values",
     "wait_for_inputs",
 ]
 
@@ -235,6 +236,13 @@ def symbolic_tracing():
         return False
     tr = getattr(tracing.active_trace, "_trace", None)
     return bool(getattr(tr, "symbolic", True))  # unknown: assume symbolic (the safe side)
+
+
+def has_values(x):
+    """False when tensor ``x`` has a zero dimension. A tuple test: ``Tensor.size`` is a numpy product (~8 us a
+    call, many per layer and step); under ``jit.trace``, where the shape can be a Tensor, ``x.size > 0``."""
+    shape = x.shape
+    return 0 not in shape if isinstance(shape, tuple) else bool(x.size > 0)
 
 
 def wait_for_inputs(*tensors):

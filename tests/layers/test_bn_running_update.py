@@ -41,6 +41,23 @@ def test_a_finite_batch_moves_the_running_statistics_bit_for_bit(backend, shape,
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_per_channel_batch_values_update_running_statistics_of_another_shape(backend):
+    """(C,) batch values against MegEngine's (1, C, 1, 1) buffers: the result keeps the buffers' shape; a batch with
+    another number of values is refused with a ValueError naming the shapes."""
+    rng = np.random.default_rng(6)
+    rm, rv = rng.standard_normal((1, 6, 1, 1)).astype(np.float32), rng.random((1, 6, 1, 1)).astype(np.float32) + 0.5
+    m, v = rng.standard_normal(6).astype(np.float32), rng.random(6).astype(np.float32) + 0.5
+    with bn_ops.use_backend(backend):
+        new_m, new_v, _ = bn_ops.bn_running_update(_t(rm), _t(rv), _t(m), _t(v), 0.9, _t(np.zeros(1, np.int32)))
+        with pytest.raises(ValueError, match=r"mean has shape \(5,\)"):
+            bn_ops.bn_running_update(_t(rm), _t(rv), _t(m[:5]), _t(v), 0.9, _t(np.zeros(1, np.int32)))
+    want_m, want_v = numpy_update(rm.reshape(6), rv.reshape(6), m, v, 0.9)
+    assert tuple(new_m.shape) == tuple(new_v.shape) == (1, 6, 1, 1)
+    np.testing.assert_array_equal(new_m.numpy().reshape(6), want_m)
+    np.testing.assert_array_equal(new_v.numpy().reshape(6), want_v)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("bad_value", ["nan_mean", "inf_var", "neg_inf_mean"])
 def test_a_non_finite_batch_keeps_the_statistics_and_is_counted(backend, bad_value):
     rng = np.random.default_rng(1)

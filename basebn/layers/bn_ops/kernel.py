@@ -11,7 +11,7 @@ import megengine as mge
 from megengine.core._imperative_rt.core2 import apply
 from megengine.core.ops import custom
 
-from ..kernel_library import KernelUnavailableError, load_kernels, wait_for_inputs
+from ..kernel_library import KernelUnavailableError, has_values, load_kernels, wait_for_inputs
 from .backend import requested_backend
 
 __all__ = ["ready", "ready_on_cpu", "stats", "normalize", "backward_reduce", "backward_elemt", "ACT_CODES",
@@ -22,17 +22,16 @@ __all__ = ["ready", "ready_on_cpu", "stats", "normalize", "backward_reduce", "ba
 _force_strided = False
 
 
-def ready(x, *others):
-    """Can the kernels take ``x`` (and the per-channel ``others``) now? Waits for their producers if needed.
+def _on_gpu(x):
+    return str(x.device.physical_name).startswith("gpu")
 
-    False for empty tensors and for GPU tensors when the library has no CUDA part (raises
-    :class:`KernelUnavailableError` then if the kernel backend is forced). On CPU the inputs are
-    made safe to read first (:func:`basebn.layers.kernel_library.wait_for_inputs`).
-    """
-    if x.size == 0:
+
+def _launchable(x, on_gpu, others):
+    """:func:`ready` with the device of ``x`` already known (one device query per launch)."""
+    if not has_values(x):
         return False
     lib = load_kernels()
-    if str(x.device.physical_name).startswith("gpu"):
+    if on_gpu:
         if not lib["cuda"]:
             if requested_backend() == "kernel":
                 raise KernelUnavailableError("basebn BN kernels were built without CUDA")
@@ -42,11 +41,19 @@ def ready(x, *others):
     return True
 
 
+def ready(x, *others):
+    """Can the kernels take ``x`` (and the per-channel ``others``) now? Waits for their producers if needed.
+
+    False for empty tensors and for GPU tensors when the library has no CUDA part (raises
+    :class:`KernelUnavailableError` then if the kernel backend is forced). On CPU the inputs are
+    made safe to read first (:func:`basebn.layers.kernel_library.wait_for_inputs`).
+    """
+    return _launchable(x, _on_gpu(x), others)
+
+
 def ready_on_cpu(x, *others):
     """:func:`ready` for the CPU-only ops (the one-call training passes): False for GPU tensors."""
-    if str(x.device.physical_name).startswith("gpu"):
-        return False
-    return ready(x, *others)
+    return not _on_gpu(x) and _launchable(x, False, others)
 
 
 @functools.lru_cache(maxsize=512)

@@ -1,4 +1,6 @@
 """The public BN ops: check arguments, then run the kernel or the fallback path."""
+import math
+
 import numpy as np
 
 import megengine as mge
@@ -41,7 +43,7 @@ def _same_dtype(dy, x):
 def channel_count(x):
     """Values per channel of ``x`` (N, C, *): N times the spatial size."""
     c = x.shape[1]
-    return int(np.prod(x.shape)) // c if c else 0
+    return math.prod(x.shape) // c if c else 0
 
 
 def bn_stats(x):
@@ -260,7 +262,10 @@ def bn_running_update(running_mean, running_var, mean, var, keep, bad):
     as MegEngine's ops round them); otherwise the running values, bit for bit, and ``bad + 1``. On CPU one kernel
     call instead of ~20 small MegEngine ops; the two paths give the same bits on x86-64."""
     shape = tuple(running_mean.shape)
-    mean, var = (t if tuple(t.shape) == shape else t.reshape(shape) for t in (mean, var))
+    for name, t in (("mean", mean), ("var", var)):
+        if math.prod(t.shape) != math.prod(shape):
+            raise ValueError(f"bn_running_update: {name} has shape {tuple(t.shape)}, the running statistics {shape}")
     if backend() == "kernel" and kernel.ready_on_cpu(running_mean, running_var, mean, var, bad):
-        return kernel.running_update(running_mean, running_var, mean, var, keep, bad)
+        return kernel.running_update(running_mean, running_var, mean, var, keep, bad)  # reads values, not shapes
+    mean, var = (t if tuple(t.shape) == shape else t.reshape(shape) for t in (mean, var))
     return fallback.running_update(running_mean, running_var, mean, var, keep, bad)
