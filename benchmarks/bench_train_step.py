@@ -1,7 +1,7 @@
 """One CPU training step (forward, backward, SGD update, loss.item()): basebn vs plain MegEngine vs PyTorch.
 
     .venv/bin/python benchmarks/bench_train_step.py [--models resnet20 resnet18 mbnetv2] [--threads 1 2]
-        [--runners basebn basebn-poller basebn-passive basebn-untuned mge torch torchc]
+        [--runners basebn basebn-poller basebn-passive basebn-mmap basebn-untuned mge torch torchc]
         [--rounds 4] [--steps 2] [--warmup 2] [--torch-python PY | --install-torch] [--json OUT] [--profile]
         [--same-window]
 
@@ -13,6 +13,9 @@ thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
   basebn-poller   as basebn, but MegEngine's event poller keeps its priority (lower_event_poller_priority skipped)
   basebn-passive  as basebn, but with OMP_WAIT_POLICY=PASSIVE in its environment (no GOMP_SPINCOUNT from
           use_inline_cpu_device: the OpenMP worker sleeps after every parallel region, the default before)
+  basebn-mmap     as basebn, but with MALLOC_MMAP_MAX_=65536 in its environment: glibc maps blocks over 32 MiB on
+          their own again and unmaps them when freed (tune_cpu_runtime keeps a user's value), so they are faulted
+          in afresh each step (the rule before tune_cpu_runtime kept large blocks in the heap)
   basebn-untuned  the same with MegEngine's and glibc's default device (cpu0), worker spin and malloc settings
   basebn-cpu0     tuned, but on MegEngine's cpu0 device (its kernels on a dispatcher thread) instead of cpu:default
   mge     the same model with every conv / BN turned into plain M.Conv2d / M.BatchNorm2d, MegEngine's SGD
@@ -279,10 +282,10 @@ def worker_main(args):
     (use_inline_cpu_device), ``basebn-cpu0`` stays on cpu0."""
     if args.worker == "basebn-poller":
         basebn_cli.lower_event_poller_priority = lambda: []  # the A/B of that one setting
-    if args.worker in ("basebn", "basebn-poller", "basebn-passive", "basebn-cpu0"):
+    if args.worker in ("basebn", "basebn-poller", "basebn-passive", "basebn-mmap", "basebn-cpu0"):
         quiet_device_probe()
     device = args.device
-    if not device and args.worker in ("basebn", "basebn-poller", "basebn-passive"):
+    if not device and args.worker in ("basebn", "basebn-poller", "basebn-passive", "basebn-mmap"):
         use_inline_cpu_device(omp_spin=True)
     elif not device:
         device = "cpu0"
@@ -512,8 +515,8 @@ def start_runners(args, model, threads, tmp):
             continue
         argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", model,
                 "--device", device, "--warmup", str(args.warmup)]
-        runners.append(Runner(kind, argv, dict(env, OMP_WAIT_POLICY="PASSIVE") if kind == "basebn-passive" else env,
-                              log))
+        extra = {"basebn-passive": dict(OMP_WAIT_POLICY="PASSIVE"), "basebn-mmap": dict(MALLOC_MMAP_MAX_="65536")}
+        runners.append(Runner(kind, argv, dict(env, **extra.get(kind, {})), log))
     return runners, device
 
 
@@ -630,8 +633,8 @@ def main(argv=None):
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"],
-                    choices=["basebn", "basebn-poller", "basebn-passive", "basebn-untuned", "basebn-cpu0", "mge",
-                             "torch", "torchc"],
+                    choices=["basebn", "basebn-poller", "basebn-passive", "basebn-mmap", "basebn-untuned",
+                             "basebn-cpu0", "mge", "torch", "torchc"],
                     help="torchc: PyTorch with torch.compile (inductor, CPU), the higher anchor")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per runner per round")
@@ -645,8 +648,8 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="also profile basebn's step and PyTorch's")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--worker", choices=["basebn", "basebn-poller", "basebn-passive", "basebn-untuned", "basebn-cpu0",
-                                         "mge"],
+    ap.add_argument("--worker", choices=["basebn", "basebn-poller", "basebn-passive", "basebn-mmap", "basebn-untuned",
+                                         "basebn-cpu0", "mge"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--device", help=argparse.SUPPRESS)

@@ -23,7 +23,12 @@ WORKER_MAX_SPIN = 30000  # ~10-30 us of spinning; 0 (sleep at once) and 300000 m
 _MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit)
 _TRIM_THRESHOLD = 1 << 30
 _TOP_PAD = 64 << 20
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3  # <malloc.h>
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -2, -3, -4  # <malloc.h>
+# glibc maps a block of at least the mmap threshold (at most 32 MiB) on its own and unmaps it when freed, so such
+# a tensor is faulted in again, 4 KiB at a time, every time it is allocated: MobileNetV2's 32x96x56x56 activation
+# (38.5 MB) every step, 28 of the 38 ms of the BN op that writes it here. With M_MMAP_MAX 0 every block comes from
+# the heap and is reused. glibc's own MALLOC_MMAP_MAX_ or glibc.malloc.mmap_max tunable, when set, wins.
+
 # MegEngine's imperative event poller (CompNodeSyncManager::monitor_events, imperative/src/impl/physical_tensor.cpp):
 # from the first tensor on it wakes every 10 microseconds for the life of the process (~9 500 futex calls a
 # second, ~10% of a core here), and each wake can take a core from an OpenMP thread mid-kernel
@@ -34,15 +39,23 @@ _TASKS = "/proc/self/task"
 
 def tune_cpu_runtime():
     """Cap MegEngine's worker spin (unless ``MGB_WORKER_MAX_SPIN`` is set already) and keep freed memory in
-    the process (glibc only; elsewhere nothing changes). Call before MegEngine's first operation: the spin
-    is read once. Returns ``{"worker_max_spin": str, "malloc": bool}``, what took effect."""
+    the process, large blocks too (glibc only; elsewhere nothing changes; a ``MALLOC_MMAP_MAX_`` or
+    ``glibc.malloc.mmap_max`` in ``GLIBC_TUNABLES`` set by the user keeps its rule for large blocks). Call before
+    MegEngine's first operation: the spin is read once. Returns ``{"worker_max_spin": str, "malloc": bool,
+    "large_blocks_in_heap": bool}``, what took effect."""
     os.environ.setdefault("MGB_WORKER_MAX_SPIN", str(WORKER_MAX_SPIN))
     libc = ctypes.CDLL(None)
     malloc = hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version")
+    large_in_heap = False
     if malloc:
         malloc = all(libc.mallopt(option, value) == 1 for option, value in (
             (_M_MMAP_THRESHOLD, _MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD), (_M_TOP_PAD, _TOP_PAD)))
-    return {"worker_max_spin": os.environ["MGB_WORKER_MAX_SPIN"], "malloc": malloc}
+        tunables = os.environ.get("GLIBC_TUNABLES", "")
+        user_rule = "MALLOC_MMAP_MAX_" in os.environ or "glibc.malloc.mmap_max" in tunables
+        if malloc and not user_rule:
+            large_in_heap = libc.mallopt(_M_MMAP_MAX, 0) == 1
+    return {"worker_max_spin": os.environ["MGB_WORKER_MAX_SPIN"], "malloc": malloc,
+            "large_blocks_in_heap": large_in_heap}
 
 
 def lower_event_poller_priority(tasks_dir=_TASKS):
