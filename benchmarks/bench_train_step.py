@@ -28,7 +28,9 @@ MegEngine runs on ``--mge-device``: default, the runner's own (``basebn``: cpu:d
 runners start together and alternate as one set, so each 1 -> N-thread speed-up is measured under one stretch of
 the host's load (this VM's load moves steps ±20% within minutes), and basebn's speed-up over PyTorch's is also
 taken round by round (each round's four measurements are neighbours in time), printed as a median with a bootstrap
-95% interval over rounds. ``--profile``: basebn's step split by phase
+95% interval over rounds. ``--pin-cores``: every runner process restricted to as many cores as it has threads
+(``1 -> 2 cores`` rather than ``1 -> 2 threads``: a 1-thread basebn runner otherwise runs its Python and MegEngine's
+event poller on the idle second core). ``--profile``: basebn's step split by phase
 (synchronised wall times) and by op kind (MegEngine's profiler with synchronous dispatch, so a kernel's
 span is its compute, not queue waits; the numpy weight gradient and its host copies timed around the
 calls), plus torch.profiler's split of the PyTorch step. Per-conv-shape times: bench_conv_backends.py.
@@ -451,11 +453,12 @@ for line in sys.stdin:
 class Runner:
     """A runner process driven over a pipe; its replies are the lines starting with MARK."""
 
-    def __init__(self, name, argv, env, log):
+    def __init__(self, name, argv, env, log, cores=None):
         self.name = name
         self.log = open(log, "w")
+        pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))  # every thread it starts too
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True, env=env, cwd=ROOT)
+                                     text=True, env=env, cwd=ROOT, preexec_fn=pin)
         self.info = self._read()
 
     def _read(self):
@@ -494,6 +497,7 @@ def torch_python(args):
 
 def start_runners(args, model, threads, tmp):
     env = thread_env(threads)
+    cores = set(sorted(os.sched_getaffinity(0))[:threads]) if args.pin_cores else None
     device = {"default": "", "cpu0": "cpu0", "multithread": "cpu0" if threads == 1 else f"multithread{threads}:0"}[
         args.mge_device]
     runners = []
@@ -507,7 +511,7 @@ def start_runners(args, model, threads, tmp):
                 argv = [args.torch, worker, model, str(threads), str(LR), str(MOMENTUM), str(WEIGHT_DECAY),
                         str(args.warmup), "compile" if kind == "torchc" else "eager"]
                 try:
-                    runners.append(Runner(kind, argv, env, log))
+                    runners.append(Runner(kind, argv, env, log, cores))
                 except RuntimeError as e:  # torch.compile needs a working C++ toolchain
                     if kind == "torch":
                         raise
@@ -516,7 +520,7 @@ def start_runners(args, model, threads, tmp):
         argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", model,
                 "--device", device, "--warmup", str(args.warmup)]
         extra = {"basebn-passive": dict(OMP_WAIT_POLICY="PASSIVE"), "basebn-mmap": dict(MALLOC_MMAP_MAX_="65536")}
-        runners.append(Runner(kind, argv, dict(env, **extra.get(kind, {})), log))
+        runners.append(Runner(kind, argv, dict(env, **extra.get(kind, {})), log, cores))
     return runners, device
 
 
@@ -564,7 +568,8 @@ def same_window(args):
             for threads in args.threads[1:]:
                 ups = {k: statistics.median(rows[first]["times"][k]) / statistics.median(rows[threads]["times"][k])
                        for k in rows[threads]["times"] if rows[threads]["times"][k] and rows[first]["times"].get(k)}
-                print(f"  {model}: {first} -> {threads}-thread speed-up (same window): "
+                window = "same window, 1 core per thread" if args.pin_cores else "same window"
+                print(f"  {model}: {first} -> {threads}-thread speed-up ({window}): "
                       + ", ".join(f"{k} {v:.2f}" for k, v in ups.items()), flush=True)
                 for ref in ("torch", "torchc"):
                     if ref in ups and "basebn" in ups:
@@ -645,6 +650,10 @@ def main(argv=None):
     ap.add_argument("--same-window", action="store_true",
                     help="per model, run every thread count's runners at once, alternating all of them, so the "
                          "1 -> N-thread speed-ups come from one stretch of the host's load")
+    ap.add_argument("--pin-cores", action="store_true",
+                    help="each runner process on as many cores as its threads (T threads: the first T cores this "
+                         "process may use), so a 1-thread run is a 1-core run: its Python and MegEngine's other "
+                         "threads share that core instead of taking an idle one")
     ap.add_argument("--profile", action="store_true", help="also profile basebn's step and PyTorch's")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--json", help="write the results here")

@@ -214,12 +214,20 @@ def test_with_the_inline_device_the_openmp_worker_spins_between_ops_unless_told_
     env = dict(OMP_NUM_THREADS="2", BASEBN_NUM_THREADS="2", TEST_OMP_SPIN="1" if omp_spin else "0")
     if user_policy:
         env["OMP_WAIT_POLICY"] = user_policy
-    out = _run(_OMP_SLEEPS, **env)
-    assert out.returncode == 0, out.stderr
-    settings, sleeps = out.stdout.strip().splitlines()[-2:]
+    # Another process on the cores can only add sleeps (a pre-empted master leaves gaps longer than the spin), never
+    # remove them, so the spinning case takes the fewest of up to three runs: a count under 20 cannot come from a
+    # sleeping worker, and a loaded host (seen once in a full test run: 166) gets two more chances to be idle.
+    counts = []
+    for _ in range(3 if omp_spin and not user_policy else 1):
+        out = _run(_OMP_SLEEPS, **env)
+        assert out.returncode == 0, out.stderr
+        settings, sleeps = out.stdout.strip().splitlines()[-2:]
+        counts.append(int(sleeps))
+        if counts[-1] < 20:
+            break
     if omp_spin and not user_policy:
         assert settings == f"{INLINE_OMP_SPIN} None"
-        assert int(sleeps) < 20
+        assert min(counts) < 20, counts
     else:
         assert settings == f"None {user_policy}"
-        assert int(sleeps) >= 40
+        assert counts[0] >= 40
