@@ -2,7 +2,8 @@
 
 User errors print `error: ...` and exit 2; a full or read-only disk, or a permission the process lacks, prints
 one line naming which and exits 1; Ctrl-C prints one line and exits 130, SIGTERM (what job schedulers send)
-the same line and 143 (128 + the signal's number, as for Ctrl-C). In a multi-process job a failing rank ends
+the same line and 143 (128 + the signal's number, as for Ctrl-C), even when a finalizer swallowed the exception
+(the trainer raises it again: utils/interrupts.py). In a multi-process job a failing rank ends
 the whole job (MPI_Abort), after a short pause on ranks other than 0 so that rank 0's own error, when it has
 one, is the one printed.
 """
@@ -22,6 +23,7 @@ from .checkpoint import CheckpointError
 from .config import ConfigError
 from .data import DataError
 from .engine.run_dir import RunDirError
+from .utils import interrupts
 from .utils.cpu_runtime import lower_event_poller_priority, tune_cpu_runtime
 from .zoo import ZooError
 
@@ -95,31 +97,46 @@ def _raise_terminated(owner_pid):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        interrupts.note(Terminated)  # raised again by the trainer if a finalizer swallows this one
         raise Terminated()
     return handler
 
 
-def _install_sigterm_handler():
-    """Make SIGTERM raise Terminated in this (main) thread; returns the previous handler (None: not installed)."""
+def _raise_interrupt(signum, frame):
+    """Python's own Ctrl-C handler, plus a note the trainer raises again if a finalizer swallows the exception."""
+    interrupts.note(KeyboardInterrupt)
+    raise KeyboardInterrupt
+
+
+def _install_signal_handlers():
+    """Make SIGTERM raise Terminated and SIGINT KeyboardInterrupt in this (main) thread, both noted in
+    :mod:`.utils.interrupts`; returns ``{signal: previous handler}`` of those installed. A signal ignored at start
+    (nohup-like), or SIGINT with a handler other than Python's default, is kept."""
     if threading.current_thread() is not threading.main_thread():
-        return None
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is signal.SIG_IGN:  # started with SIGTERM ignored (nohup-like): keep it so
-        return None
-    signal.signal(signal.SIGTERM, _raise_terminated(os.getpid()))
-    return previous
+        return {}
+    installed = {}
+    for sig, handler, replaces in ((signal.SIGTERM, _raise_terminated(os.getpid()), None),
+                                   (signal.SIGINT, _raise_interrupt, signal.default_int_handler)):
+        previous = signal.getsignal(sig)
+        if previous is signal.SIG_IGN or (replaces is not None and previous is not replaces):
+            continue
+        signal.signal(sig, handler)
+        installed[sig] = previous
+    return installed
 
 
 def cli_main(main):
     """Decorate a CLI's `main(argv) -> exit code` with the error handling described in this module."""
     @functools.wraps(main)
     def wrapper(argv=None):
-        previous = _install_sigterm_handler()
+        interrupts.clear()
+        installed = _install_signal_handlers()
         try:
             return _reported(main, argv)
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for sig, previous in installed.items():
+                signal.signal(sig, previous)
+            interrupts.clear()
 
     return wrapper
 

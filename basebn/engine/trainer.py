@@ -19,6 +19,7 @@ from ..layers.bn_accumulation import BNStatsAccumulator
 from ..layers.bn_guard import restore_running_stats, snapshot_running_stats
 from ..layers.conv import fast_cpu_weight_grad
 from ..layers.norm import set_norm_eval
+from ..utils.interrupts import raise_pending
 from .run_record import RunRecord
 
 __all__ = ["ClsTrainer", "NonFiniteLossError", "DEFAULT_HOOK_PRIORITY", "hook_priority"]
@@ -117,6 +118,7 @@ class ClsTrainer(BaseTrainer):
         super().before_epoch()
 
     def train_one_iter(self):
+        raise_pending()  # a Ctrl-C / SIGTERM whose exception a finalizer swallowed (basebn.utils.interrupts)
         t0 = time.perf_counter()
         images, labels = next(self._epoch_iter)
         t1 = time.perf_counter()

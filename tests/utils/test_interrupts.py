@@ -1,0 +1,97 @@
+"""A Ctrl-C or SIGTERM whose exception CPython swallows (the handler ran inside a finalizer: "Exception ignored in")
+still ends a basebn CLI with its exit code, once the code reaches basebn.utils.interrupts.raise_pending, as the
+trainer does at every iteration. CPython's own behaviour is the reference: without basebn's handlers the same
+program prints the ignored exception and goes on to exit 0."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import megengine.module as M
+import megengine.optimizer as optim
+from megengine.autodiff import GradManager
+
+from basebn.engine.losses import CrossEntropyLoss
+from basebn.engine.trainer import ClsTrainer
+from basebn.utils import interrupts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_SWALLOWED = """
+    import os, signal, sys
+    from basebn.cli import cli_main
+    from basebn.utils.interrupts import raise_pending
+
+    class Finalized:
+        def __del__(self):  # the signal's Python handler runs in here, so what it raises is printed and dropped
+            os.kill(os.getpid(), SIGNAL)
+            for _ in range(200000):
+                pass
+
+    def main(argv):
+        obj = Finalized()
+        del obj
+        print("went on", flush=True)
+        raise_pending()  # what the trainer does at every iteration
+        print("not reached", flush=True)
+        return 0
+
+    sys.exit((cli_main(main) if WRAPPED else main)([]))
+"""
+
+
+def _run(sig, wrapped):
+    code = textwrap.dedent(_SWALLOWED).replace("SIGNAL", f"signal.{sig.name}").replace("WRAPPED", str(wrapped))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+@pytest.mark.parametrize("sig, code, line", [(signal.SIGINT, 130, "interrupted;"),
+                                             (signal.SIGTERM, 143, "terminated (SIGTERM);")])
+def test_a_swallowed_interrupt_still_ends_the_cli_with_its_code(sig, code, line):
+    out = _run(sig, wrapped=True)
+    assert "Exception ignored in" in out.stderr  # CPython did swallow it ...
+    assert out.stdout.split() == ["went", "on"]  # ... and the program went on, until raise_pending
+    assert out.returncode == code, out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(line)
+
+
+def test_without_basebns_handlers_cpython_goes_on_after_a_swallowed_ctrl_c():
+    out = _run(signal.SIGINT, wrapped=False)
+    assert "Exception ignored in" in out.stderr and "KeyboardInterrupt" in out.stderr
+    assert out.stdout.split() == ["went", "on", "not", "reached"]
+    assert out.returncode == 0
+
+
+class _Batches:
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __len__(self):
+        return len(self.batches)
+
+    def set_epoch(self, epoch):
+        pass
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def test_the_trainer_raises_a_noted_interrupt_before_its_next_step():
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((4, 5)).astype(np.float32), rng.integers(0, 3, 4).astype(np.int32))] * 3
+    model = M.Linear(5, 3)
+    before = model.weight.numpy().copy()
+    trainer = ClsTrainer(model, _Batches(batches), optim.SGD(model.parameters(), lr=0.1),
+                         GradManager().attach(model.parameters()), CrossEntropyLoss(), hooks=[])
+    interrupts.note(KeyboardInterrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train(start_info=[1, 1], max_info=[1, 3])
+    finally:
+        interrupts.clear()
+    np.testing.assert_array_equal(model.weight.numpy(), before)  # no step was taken
