@@ -10,24 +10,9 @@ from megengine.autodiff import GradManager
 
 from basebn.engine.losses import CrossEntropyLoss
 from basebn.engine.trainer import ClsTrainer
+from tests.support.batches import FixedBatches
 
 N, D, C = 8, 5, 3
-
-
-class Batches:
-    """A loader of fixed batches (set_epoch is a no-op)."""
-
-    def __init__(self, batches):
-        self.batches = batches
-
-    def __len__(self):
-        return len(self.batches)
-
-    def set_epoch(self, epoch):
-        pass
-
-    def __iter__(self):
-        return iter(self.batches)
 
 
 def _batches(steps, seed=0):
@@ -48,7 +33,7 @@ def _trainer(batches, scaler, accum, lr=0.1):
     model = M.Linear(D, C)
     opt = optim.SGD(model.parameters(), lr=lr)
     gm = GradManager().attach(model.parameters())
-    return ClsTrainer(model, Batches(batches), opt, gm, CrossEntropyLoss(), hooks=[], grad_scaler=scaler,
+    return ClsTrainer(model, FixedBatches(batches), opt, gm, CrossEntropyLoss(), hooks=[], grad_scaler=scaler,
                       accumulation_steps=accum), model
 
 

@@ -18,6 +18,7 @@ from megengine.autodiff import GradManager
 from basebn.engine.losses import CrossEntropyLoss
 from basebn.engine.trainer import ClsTrainer
 from basebn.utils import interrupts
+from tests.support.batches import FixedBatches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -67,26 +68,12 @@ def test_without_basebns_handlers_cpython_goes_on_after_a_swallowed_ctrl_c():
     assert out.returncode == 0
 
 
-class _Batches:
-    def __init__(self, batches):
-        self.batches = batches
-
-    def __len__(self):
-        return len(self.batches)
-
-    def set_epoch(self, epoch):
-        pass
-
-    def __iter__(self):
-        return iter(self.batches)
-
-
 def test_the_trainer_raises_a_noted_interrupt_before_its_next_step():
     rng = np.random.default_rng(0)
     batches = [(rng.standard_normal((4, 5)).astype(np.float32), rng.integers(0, 3, 4).astype(np.int32))] * 3
     model = M.Linear(5, 3)
     before = model.weight.numpy().copy()
-    trainer = ClsTrainer(model, _Batches(batches), optim.SGD(model.parameters(), lr=0.1),
+    trainer = ClsTrainer(model, FixedBatches(batches), optim.SGD(model.parameters(), lr=0.1),
                          GradManager().attach(model.parameters()), CrossEntropyLoss(), hooks=[])
     interrupts.note(KeyboardInterrupt)
     try:
