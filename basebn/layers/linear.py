@@ -8,6 +8,8 @@ over the rows. It runs when the input is on CPU and float32, the module is train
 ops), the fast CPU paths are on (:func:`.conv.fast_cpu_weight_grad`), autocast is off and no symbolic trace is
 being recorded; otherwise it is ``F.linear``, so evaluation, traced and exported graphs hold MegEngine's MatrixMul.
 """
+import math
+
 import numpy as np
 
 import megengine.module as M
@@ -54,7 +56,8 @@ def linear_op_applies(x, weight, bias=None, compute_mode="default"):
     compute mode, no autocast, fast paths on, not in a symbolic trace, ``$BASEBN_CONV_BACKEND`` gives ``dnnl``)."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
     return (compute_mode == "default" and not amp._enabled and fast_cpu_weight_grad() and not symbolic_tracing()
-            and on_cpu(x) and x.ndim >= 1 and weight.ndim == 2 and x.size * weight.shape[0] >= LINEAR_OP_MIN_MACS
+            and on_cpu(x) and x.ndim >= 1 and weight.ndim == 2
+            and math.prod(x.shape) * weight.shape[0] >= LINEAR_OP_MIN_MACS
             and all(t.dtype == np.float32 for t in tensors) and conv_backend() == "dnnl")
 
 

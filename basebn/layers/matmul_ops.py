@@ -6,6 +6,7 @@ there exactly when :func:`~.kernel_library.conv_kernel_available` says so, and `
 thread, so a classifier's matmuls did not use a second core. Tensors are 2-D float32 on CPU.
 """
 import functools
+import math
 
 from megengine.core._imperative_rt.core2 import apply
 from megengine.core.ops import custom
@@ -33,8 +34,8 @@ def matmul(a, b, trans_a=False, trans_b=False, bias=None):
     if k_a != k_b:
         raise ValueError(f"matmul: inner sizes differ: {tuple(a.shape)}{'^T' if trans_a else ''} and "
                          f"{tuple(b.shape)}{'^T' if trans_b else ''}")
-    if bias is not None and bias.size != n:
-        raise ValueError(f"matmul: bias has {bias.size} values, the product has {n} columns")
+    if bias is not None and math.prod(bias.shape) != n:
+        raise ValueError(f"matmul: bias has {math.prod(bias.shape)} values, the product has {n} columns")
     inputs = (a, b, b if bias is None else bias.reshape(-1))  # b: a placeholder in the unused slot
     wait_for_inputs(*inputs)  # waits for the inputs' producers when the op cannot do it itself
     (c,) = apply(_op(bool(trans_a), bool(trans_b), bias is not None), *inputs)
