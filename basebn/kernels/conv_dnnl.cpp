@@ -13,9 +13,10 @@
 // layout: dense (O, C, kh, kw), grouped (G, O/G, C/G, kh, kw) (a 4-D (O, C/G, kh, kw) is also
 // accepted: same memory). dw has the dense or grouped shape by `groups`; db is (O,) and zero
 // without has_bias (the bias slot of the forward holds a placeholder then).
-// Primitives are created with format_tag::any (oneDNN picks blocked layouts) and cached per
-// (op, shape, geometry, thread count); user NCHW/oihw tensors are reordered to and from those
-// layouts inside each call, through one grow-only arena (also the user-mode scratchpad).
+// Primitives are created with format_tag::any (oneDNN picks blocked layouts; activations stay NCHW for the
+// pointwise convs of plain_layout) and cached per (op, shape, geometry, thread count); user NCHW/oihw tensors are
+// reordered to and from those layouts inside each call, through one grow-only arena (also the user-mode
+// scratchpad).
 // Threads: the OpenMP runtime of libdnnl; $BASEBN_NUM_THREADS when set, else the OpenMP default.
 // Compiled only with -DBASEBN_WITH_DNNL (see basebn/layers/bn_ops/build.py).
 #ifdef BASEBN_WITH_DNNL
@@ -182,6 +183,22 @@ Slot make_slot(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc
     return s;
 }
 
+// Whether a conv runs on oneDNN's plain-layout kernels (its gemm convolution on the NCHW tensors themselves) rather
+// than on blocked ones behind NCHW <-> blocked reorders: pointwise convs (1x1, one group, no padding) over at least
+// 14 x 14 input pixels with at most 512 input channels. There the reorders of x, y and dy cost more than the
+// blocked kernels save: fwd + bwd 0.53-0.86x the time at 1 and 2 threads; wider or smaller ones run slower plain
+// (1024 -> 256 at 14 x 14: 1.26-1.31x; 7 x 7: 0.99-1.59x). $BASEBN_CONV_PLAIN_1X1 (read once): 0 keeps every conv
+// blocked, "all" sends every such pointwise conv to the NCHW kernels (benchmarks/bench_conv_layout.py compares both).
+bool plain_layout(const Geom& g) {
+    enum Mode { kOff, kRule, kAll };
+    static const Mode mode = [] {
+        const char* v = std::getenv("BASEBN_CONV_PLAIN_1X1");
+        return v == nullptr ? kRule : std::strcmp(v, "0") == 0 ? kOff : std::strcmp(v, "all") == 0 ? kAll : kRule;
+    }();
+    const bool pointwise = g.KH == 1 && g.KW == 1 && g.G == 1 && g.PH == 0 && g.PW == 0;
+    return mode != kOff && pointwise && (mode == kAll || (g.H * g.W >= 14 * 14 && g.C <= 512));
+}
+
 std::unique_ptr<Entry> create(Kind kind, const Geom& g) {
     using namespace dnnl;
     const dims xd = {g.N, g.C, g.H, g.W}, yd = {g.N, g.O, g.HO, g.WO}, bd = {g.O};
@@ -191,8 +208,10 @@ std::unique_ptr<Entry> create(Kind kind, const Geom& g) {
                      (g.WO - 1) * g.SW + (g.KW - 1) * g.DW + 1 - g.W - g.PW};
     const memory::desc xu(xd, dtype::f32, tag::nchw), yu(yd, dtype::f32, tag::nchw),
             wu(wd, dtype::f32, g.G == 1 ? tag::oihw : tag::goihw), bu(bd, dtype::f32, tag::a);
-    const memory::desc xa(xd, dtype::f32, tag::any), ya(yd, dtype::f32, tag::any),
-            wa(wd, dtype::f32, tag::any), ba(bd, dtype::f32, tag::any);
+    const bool plain = plain_layout(g);
+    const memory::desc xa = plain ? xu : memory::desc(xd, dtype::f32, tag::any),
+                       ya = plain ? yu : memory::desc(yd, dtype::f32, tag::any),
+                       wa(wd, dtype::f32, tag::any), ba(bd, dtype::f32, tag::any);
     primitive_attr attr;
     attr.set_scratchpad_mode(scratchpad_mode::user);
     const auto algo = algorithm::convolution_direct;

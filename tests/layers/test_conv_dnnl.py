@@ -87,6 +87,8 @@ def op_calls(monkeypatch):
 CASES = {
     "1x1": (2, 8, 5, 5, 16, (1, 1), 1, 0, 1, 1, False),
     "1x1 s2 bias": (2, 16, 6, 6, 32, (1, 1), 2, 0, 1, 1, True),
+    "1x1 14x14, NCHW kernels": (2, 8, 14, 14, 16, (1, 1), 1, 0, 1, 1, False),
+    "1x1 s2 bias, NCHW kernels": (2, 16, 16, 15, 24, (1, 1), 2, 0, 1, 1, True),
     "3x3": (2, 4, 7, 7, 6, (3, 3), 1, 1, 1, 1, True),
     "3x3 s2": (2, 4, 8, 8, 6, (3, 3), 2, 1, 1, 1, False),
     "5x5": (1, 3, 9, 9, 4, (5, 5), 1, 2, 1, 1, True),
@@ -260,16 +262,17 @@ def test_training_step_is_deterministic(resnet_and_batch, monkeypatch, threads):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-@pytest.mark.parametrize("groups", [1, 32])
-def test_weight_gradient_op_is_bitwise_repeatable(monkeypatch, groups):
+@pytest.mark.parametrize("groups, kernel", [(1, 3), (32, 3), (1, 1)])  # 1x1: the NCHW (gemm) kernels
+def test_weight_gradient_op_is_bitwise_repeatable(monkeypatch, groups, kernel):
     """oneDNN 3.2 has no `deterministic` attribute: its CPU weight gradient is checked to repeat bitwise
-    (2 threads: the batch reduction is split between them) on a ResNet-20 / depthwise sized problem."""
+    (2 threads: the batch reduction is split between them) on a ResNet-20 / depthwise / pointwise sized problem."""
     monkeypatch.setenv("BASEBN_NUM_THREADS", "2")
     rng = np.random.default_rng(5)
     x = mge.tensor(rng.standard_normal((32, 32, 14, 14)).astype(np.float32))
     dy = mge.tensor(rng.standard_normal((32, 32, 14, 14)).astype(np.float32))
-    geom = conv_ops.ConvGeometry((1, 1), (1, 1), (1, 1), groups)
-    runs = [conv_ops.conv_backward_weights(x, dy, (3, 3), geom, with_bias=True) for _ in range(3)]
+    pad = kernel // 2
+    geom = conv_ops.ConvGeometry((1, 1), (pad, pad), (1, 1), groups)
+    runs = [conv_ops.conv_backward_weights(x, dy, (kernel, kernel), geom, with_bias=True) for _ in range(3)]
     for dw, db in runs[1:]:
         np.testing.assert_array_equal(dw.numpy(), runs[0][0].numpy())
         np.testing.assert_array_equal(db.numpy(), runs[0][1].numpy())
@@ -474,3 +477,51 @@ def test_both_gradients_come_from_one_op_call(monkeypatch):
     _, dx_ref, dw_ref, db_ref = reference(x, wd, b, dy, 1, 1, 1, 1)
     for got, ref in ((dx, dx_ref), (dw, dw_ref), (db, db_ref)):
         assert rel_err(got, ref) <= TOL
+
+
+# Pointwise convs, each run forward and backward (x and w recorded): (C, H = W, stride)
+LAYOUT_PROBE = r"""
+import sys
+import numpy as np
+import megengine as mge
+from megengine.autodiff import GradManager
+from basebn.layers.conv import conv2d
+for c, hw, stride in ((8, 14, 1), (8, 13, 1), (16, 16, 2), (520, 14, 1)):
+    x = mge.Parameter(np.ones((2, c, hw, hw), np.float32))
+    w = mge.Parameter(np.ones((4, c, 1, 1), np.float32))
+    gm = GradManager().attach([x, w])
+    with gm:
+        gm.backward(conv2d(x, w, None, stride).sum())
+    x.grad.numpy()
+"""
+
+
+@pytest.mark.parametrize("setting, nchw_cases", [
+    (None, {(8, 14), (16, 16)}),  # 1x1, one group, no padding, >= 14 x 14 input pixels, <= 512 input channels
+    ("0", set()),  # BASEBN_CONV_PLAIN_1X1=0: all blocked, as before the rule
+    ("all", {(8, 14), (8, 13), (16, 16), (520, 14)}),  # every pointwise conv (bench_conv_layout.py's A/B)
+])
+def test_pointwise_convs_over_14x14_pixels_run_on_the_nchw_tensors(setting, nchw_cases):
+    """oneDNN's own log of the executed primitives (ONEDNN_VERBOSE) shows which layout each conv ran in: the
+    pointwise convs the rule names read and write NCHW (``abcd``) in all three ops, the others a blocked layout."""
+    env = dict(os.environ, ONEDNN_VERBOSE="profile_exec", BASEBN_NUM_THREADS="1")
+    env.pop("BASEBN_CONV_PLAIN_1X1", None)
+    if setting is not None:
+        env["BASEBN_CONV_PLAIN_1X1"] = setting
+    proc = subprocess.run([sys.executable, "-c", LAYOUT_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    layouts = {}
+    for line in proc.stdout.splitlines():
+        fields = line.split(",")
+        if not line.startswith("onednn_verbose") or "exec" not in fields or "convolution" not in fields:
+            continue
+        for c, hw in ((8, 14), (8, 13), (16, 16), (520, 14)):
+            if f"ic{c}oc4_ih{hw}oh" in line:
+                memory = fields[fields.index("exec") + 5]  # src_f32::blocked:abcd::f0 wei_... dst_...
+                nchw = "src_f32::blocked:abcd:" in memory and "dst_f32::blocked:abcd:" in memory
+                layouts.setdefault((c, hw), []).append(nchw)
+    assert sorted(layouts) == [(8, 13), (8, 14), (16, 16), (520, 14)], proc.stdout[-2000:]
+    for case, nchw in layouts.items():
+        assert len(nchw) == 3, (case, nchw)  # forward, data gradient, weight gradient
+        assert nchw == [case in nchw_cases] * 3, (case, nchw)

@@ -1,0 +1,136 @@
+"""Pointwise (1x1) convs on oneDNN's NCHW kernels vs its blocked kernels behind reorders, shape by shape.
+
+    .venv/bin/python benchmarks/bench_conv_layout.py [--threads 1 2] [--rounds 5] [--calls 2]
+
+basebn's conv ops run a 1x1 conv with one group and no padding over at least 14 x 14 input pixels and at most 512
+input channels on oneDNN's plain-layout (gemm) kernels, reading and writing the NCHW tensors themselves
+(``plain_layout`` in basebn/kernels/conv_dnnl.cpp); every other conv on blocked kernels, with NCHW <-> blocked
+reorders of x, y and dy inside the op. Two worker processes per thread count, the same ops with every pointwise
+conv on the NCHW kernels (``nchw``: ``BASEBN_CONV_PLAIN_1X1=all``) and on the blocked ones (``blocked``:
+``BASEBN_CONV_PLAIN_1X1=0``; read once per process), alternate shape by shape, round by round. Per shape: the
+median ms of the forward op and of the one-call backward (dx and dW), each synchronised, and their sum's ratio
+nchw / blocked; ``rule`` says which of the two basebn runs by default.
+Shapes: MobileNetV2 (3x112x112, batch 32), ResNet-50 bottlenecks (224 / 4, batch 32), the 1x1 stride-2
+downsamples of ResNet-20 and ResNet-18, and a few past the rule's edges.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import megengine as mge
+
+from bench_train_step import MARK, Runner, thread_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from basebn.cli import quiet_device_probe  # noqa: E402
+from basebn.layers.conv_ops import ConvGeometry, conv_backward, conv_forward  # noqa: E402
+from basebn.utils.cpu_runtime import use_inline_cpu_device  # noqa: E402
+
+# (what, N, C, H, W, O, stride)
+SHAPES = [
+    ("mbv2 expand", 32, 24, 28, 28, 144, 1),
+    ("mbv2 project", 32, 144, 28, 28, 24, 1),
+    ("mbv2 expand", 32, 16, 56, 56, 96, 1),
+    ("mbv2 project", 32, 96, 56, 56, 24, 1),
+    ("mbv2 project", 32, 144, 56, 56, 24, 1),
+    ("mbv2 expand", 32, 64, 14, 14, 384, 1),
+    ("mbv2 project", 32, 384, 14, 14, 96, 1),
+    ("mbv2 expand 7x7", 32, 96, 7, 7, 576, 1),
+    ("mbv2 project 7x7", 32, 576, 7, 7, 160, 1),
+    ("mbv2 head 4x4", 32, 320, 4, 4, 1280, 1),
+    ("r50 reduce", 32, 256, 56, 56, 64, 1),
+    ("r50 expand", 32, 64, 56, 56, 256, 1),
+    ("r50 reduce", 32, 512, 28, 28, 128, 1),
+    ("r50 reduce, C > 512", 32, 1024, 14, 14, 256, 1),
+    ("r50 expand", 32, 256, 14, 14, 1024, 1),
+    ("r50 reduce 7x7", 32, 2048, 7, 7, 512, 1),
+    ("r20 downsample", 128, 16, 28, 28, 32, 2),
+    ("r20 downsample", 128, 32, 14, 14, 64, 2),
+    ("r18 downsample", 32, 64, 28, 28, 128, 2),
+    ("r18 downsample", 32, 128, 14, 14, 256, 2),
+    ("r50 downsample, C > 512", 32, 1024, 14, 14, 2048, 2),
+]
+
+
+def under_rule(c, h, w):
+    """plain_layout's rule for a 1x1 conv, one group, no padding (kept in step with conv_dnnl.cpp)."""
+    return h * w >= 14 * 14 and c <= 512
+
+
+def worker(args):
+    quiet_device_probe()
+    use_inline_cpu_device(omp_spin=True)
+    rng = np.random.default_rng(0)
+    print(MARK + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] != "run":
+            break
+        _, n, c, h, w, o, s = SHAPES[cmd["shape"]]
+        geom = ConvGeometry((s, s), (0, 0), (1, 1), 1)
+        x = mge.tensor(rng.standard_normal((n, c, h, w)).astype(np.float32))
+        wt = mge.tensor(rng.standard_normal((o, c, 1, 1)).astype(np.float32))
+        dy = mge.tensor(rng.standard_normal(tuple(conv_forward(x, wt, None, geom).shape)).astype(np.float32))
+        conv_backward(dy, wt, x, geom)
+        mge._full_sync()
+        fwd, bwd = [], []
+        for _ in range(cmd["calls"]):
+            t0 = time.perf_counter()
+            conv_forward(x, wt, None, geom)
+            mge._full_sync()
+            t1 = time.perf_counter()
+            conv_backward(dy, wt, x, geom)
+            mge._full_sync()
+            fwd.append(t1 - t0)
+            bwd.append(time.perf_counter() - t1)
+        print(MARK + json.dumps({"fwd": fwd, "bwd": bwd}), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=5, help="alternations of the two workers per shape")
+    ap.add_argument("--calls", type=int, default=2, help="timed forward + backward calls per worker per round")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    tmp = tempfile.mkdtemp(prefix="bench_conv_layout_")
+    argv = [sys.executable, os.path.abspath(__file__), "--worker"]
+    for threads in args.threads:
+        env = thread_env(threads)
+        workers = {"nchw": Runner("nchw", argv, dict(env, BASEBN_CONV_PLAIN_1X1="all"),
+                                  os.path.join(tmp, f"nchw_{threads}.log")),
+                   "blocked": Runner("blocked", argv, dict(env, BASEBN_CONV_PLAIN_1X1="0"),
+                                     os.path.join(tmp, f"blocked_{threads}.log"))}
+        print(f"\n{threads} thread(s): median ms, forward and backward (dx + dW in one op)")
+        print(f"{'shape':26s} {'N x C x H x W -> O, stride':30s} {'rule':>4s} {'fwd nchw':>8s} {'blocked':>8s} "
+              f"{'bwd nchw':>8s} {'blocked':>8s} {'nchw/blocked':>12s}")
+        for i, (what, n, c, h, w, o, s) in enumerate(SHAPES):
+            times = {k: {"fwd": [], "bwd": []} for k in workers}
+            for r in range(args.rounds):
+                for k in (("nchw", "blocked") if r % 2 == 0 else ("blocked", "nchw")):
+                    reply = workers[k].call(cmd="run", shape=i, calls=args.calls)
+                    times[k]["fwd"] += reply["fwd"]
+                    times[k]["bwd"] += reply["bwd"]
+            med = {(k, op): 1e3 * statistics.median(v) for k, ops in times.items() for op, v in ops.items()}
+            ratio = (med["nchw", "fwd"] + med["nchw", "bwd"]) / (med["blocked", "fwd"] + med["blocked", "bwd"])
+            rule = "nchw" if under_rule(c, h, w) else "blk"
+            print(f"{what:26s} {f'{n}x{c}x{h}x{w} -> {o}, s{s}':30s} {rule:>4s} "
+                  f"{med['nchw', 'fwd']:8.2f} {med['blocked', 'fwd']:8.2f} {med['nchw', 'bwd']:8.2f} "
+                  f"{med['blocked', 'bwd']:8.2f} {ratio:12.2f}", flush=True)
+        for runner in workers.values():
+            runner.close()
+
+
+if __name__ == "__main__":
+    main()
