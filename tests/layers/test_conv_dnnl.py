@@ -98,6 +98,15 @@ CASES = {
     "depthwise": (2, 16, 7, 7, 16, (3, 3), 1, 1, 1, 16, False),
     "depthwise s2 bias": (2, 8, 8, 8, 8, (3, 3), 2, 1, 1, 8, True),
     "depthwise x2 5x5": (1, 4, 6, 6, 8, (5, 5), 1, 2, 1, 4, False),
+    # wider and odder depthwise shapes: every kernel size the zoo uses, both strides, images smaller than the kernel
+    "depthwise 3x3 wide": (2, 5, 9, 37, 5, (3, 3), 1, 1, 1, 5, True),
+    "depthwise 3x3 no padding": (2, 5, 9, 33, 5, (3, 3), 1, 0, 1, 5, False),
+    "depthwise 3x3 s2 wide, odd": (2, 4, 15, 45, 4, (3, 3), 2, 1, 1, 4, False),
+    "depthwise 5x5 s2, odd": (2, 6, 17, 23, 6, (5, 5), 2, 2, 1, 6, True),
+    "depthwise 5x5 on a smaller image": (2, 3, 4, 3, 3, (5, 5), 1, 2, 1, 3, False),
+    "depthwise 7x7 wide": (1, 4, 12, 40, 4, (7, 7), 1, 3, 1, 4, False),
+    "depthwise 7x7 s2": (2, 3, 14, 19, 3, (7, 7), 2, 3, 1, 3, True),
+    "depthwise 3x3 on 1x1": (2, 4, 1, 1, 4, (3, 3), 1, 1, 1, 4, True),
     "N=1 C=1": (1, 1, 5, 5, 2, (3, 3), 1, 1, 1, 1, True),
     "1x1 image": (3, 4, 1, 1, 5, (1, 1), 1, 0, 1, 1, True),
     "1x1 image 3x3 pad": (2, 4, 1, 1, 5, (3, 3), 1, 1, 1, 1, False),
@@ -525,3 +534,4 @@ def test_pointwise_convs_over_14x14_pixels_run_on_the_nchw_tensors(setting, nchw
     for case, nchw in layouts.items():
         assert len(nchw) == 3, (case, nchw)  # forward, data gradient, weight gradient
         assert nchw == [case in nchw_cases] * 3, (case, nchw)
+
