@@ -15,7 +15,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = ["bench_bn_ops.py", "bench_bn_train_ops.py", "bench_trainer_overhead.py", "bench_ema.py", "bench_conv_bn.py",
               "bench_sync_bn_mpi.py", "bench_sgd.py", "bench_event_poller.py",
-              "bench_running_update.py", "bench_conv_backward.py", "bench_omp_wake.py", "bench_host_overhead.py"]
+              "bench_running_update.py", "bench_conv_backward.py", "bench_omp_wake.py", "bench_host_overhead.py",
+              "bench_conv_layout.py"]
 
 
 def main():
