@@ -12,6 +12,7 @@ from tests.support.mpi_launch import ROOT, find_mpiexec
 from basebn.config import ConfigError
 from basebn.train import launcher_options
 from tests.support.cli import PY, metrics, run
+from tests.support.signals import default_sigint
 
 def snapshot(run_dir):
     """{name: bytes} of the files a run left (the lock file excluded)."""
@@ -60,7 +61,8 @@ def test_second_training_on_a_directory_in_use_is_refused(tiny, tmp_path):
 
 def test_ctrl_c_is_one_line(tiny, tmp_path):
     proc = subprocess.Popen([PY, "-m", "basebn.train", tiny, f"output_dir={tmp_path / 'run'}", "solver.max_epoch=50"],
-                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     deadline = time.time() + 120
     while not glob.glob(str(tmp_path / "run" / "metrics.jsonl")):  # training is under way
         assert time.time() < deadline and proc.poll() is None

@@ -19,6 +19,7 @@ from basebn.engine.losses import CrossEntropyLoss
 from basebn.engine.trainer import ClsTrainer
 from basebn.utils import interrupts
 from tests.support.batches import FixedBatches
+from tests.support.signals import default_sigint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -48,7 +49,7 @@ _SWALLOWED = """
 def _run(sig, wrapped):
     code = textwrap.dedent(_SWALLOWED).replace("SIGNAL", f"signal.{sig.name}").replace("WRAPPED", str(wrapped))
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+                          env=dict(os.environ, PYTHONPATH=ROOT), preexec_fn=default_sigint)
 
 
 @pytest.mark.parametrize("sig, code, line", [(signal.SIGINT, 130, "interrupted;"),
