@@ -1,17 +1,19 @@
-"""Pointwise (1x1) convs on oneDNN's NCHW kernels vs its blocked kernels behind reorders, shape by shape.
+"""Pointwise and depthwise convs on NCHW kernels vs oneDNN's blocked kernels behind reorders, shape by shape.
 
     .venv/bin/python benchmarks/bench_conv_layout.py [--threads 1 2] [--rounds 5] [--calls 2]
 
 basebn's conv ops run a 1x1 conv with one group and no padding over at least 14 x 14 input pixels and at most 512
 input channels on oneDNN's plain-layout (gemm) kernels, reading and writing the NCHW tensors themselves
-(``plain_layout`` in basebn/kernels/conv_dnnl.cpp); every other conv on blocked kernels, with NCHW <-> blocked
-reorders of x, y and dy inside the op. Two worker processes per thread count, the same ops with every pointwise
-conv on the NCHW kernels (``nchw``: ``BASEBN_CONV_PLAIN_1X1=all``) and on the blocked ones (``blocked``:
-``BASEBN_CONV_PLAIN_1X1=0``; read once per process), alternate shape by shape, round by round. Per shape: the
-median ms of the forward op and of the one-call backward (dx and dW), each synchronised, and their sum's ratio
-nchw / blocked; ``rule`` says which of the two basebn runs by default.
+(``plain_layout`` in basebn/kernels/conv_dnnl.cpp), and a depthwise conv over at least 14 x 14 pixels on basebn's
+own NCHW kernels (basebn/kernels/conv_depthwise_cpu.h); every other conv on blocked kernels, with NCHW <-> blocked
+reorders of x, y and dy inside the op. Two worker processes per thread count alternate shape by shape, round by
+round: ``nchw`` (every pointwise conv on the NCHW kernels, ``BASEBN_CONV_PLAIN_1X1=all``; depthwise as by
+default) and ``blocked`` (``BASEBN_CONV_PLAIN_1X1=0`` and ``BASEBN_CONV_DEPTHWISE=0``; both read once per
+process). Per shape: the median ms of the forward op and of the one-call backward (dx and dW), each synchronised,
+and their sum's ratio nchw / blocked; ``rule`` says which of the two basebn runs by default (depthwise shapes
+under 14 x 14 run on oneDNN in both workers: their ratio shows the noise).
 Shapes: MobileNetV2 (3x112x112, batch 32), ResNet-50 bottlenecks (224 / 4, batch 32), the 1x1 stride-2
-downsamples of ResNet-20 and ResNet-18, and a few past the rule's edges.
+downsamples of ResNet-20 and ResNet-18, EfficientNet-style 5x5 depthwise convs, and a few past the rules' edges.
 """
 import argparse
 import json
@@ -35,7 +37,7 @@ from basebn.cli import quiet_device_probe  # noqa: E402
 from basebn.layers.conv_ops import ConvGeometry, conv_backward, conv_forward  # noqa: E402
 from basebn.utils.cpu_runtime import use_inline_cpu_device  # noqa: E402
 
-# (what, N, C, H, W, O, stride)
+# (what, N, C, H, W, O, stride): pointwise; "dw" in what: depthwise 3x3 (5x5 with "5x5"), O = C
 SHAPES = [
     ("mbv2 expand", 32, 24, 28, 28, 144, 1),
     ("mbv2 project", 32, 144, 28, 28, 24, 1),
@@ -58,12 +60,29 @@ SHAPES = [
     ("r18 downsample", 32, 64, 28, 28, 128, 2),
     ("r18 downsample", 32, 128, 14, 14, 256, 2),
     ("r50 downsample, C > 512", 32, 1024, 14, 14, 2048, 2),
+    ("mbv2 dw", 32, 144, 56, 56, 144, 1),
+    ("mbv2 dw", 32, 96, 56, 56, 96, 2),
+    ("mbv2 dw", 32, 192, 28, 28, 192, 1),
+    ("mbv2 dw", 32, 144, 28, 28, 144, 2),
+    ("mbv2 dw", 32, 384, 14, 14, 384, 1),
+    ("mbv2 dw 7x7 image", 32, 960, 7, 7, 960, 1),
+    ("effnet dw 5x5", 32, 240, 28, 28, 240, 1),
+    ("effnet dw 5x5", 32, 144, 56, 56, 144, 2),
 ]
 
 
-def under_rule(c, h, w):
-    """plain_layout's rule for a 1x1 conv, one group, no padding (kept in step with conv_dnnl.cpp)."""
-    return h * w >= 14 * 14 and c <= 512
+def under_rule(what, c, h, w):
+    """plain_layout's rule for a 1x1 conv, one group, no padding, and direct_depthwise's for a depthwise conv (kept
+    in step with conv_dnnl.cpp)."""
+    return h * w >= 14 * 14 and ("dw" in what or c <= 512)
+
+
+def conv_of(what, c, o, stride):
+    """(weight shape, geometry) of a shape row."""
+    if "dw" in what:
+        k = 5 if "5x5" in what else 3
+        return (c, 1, 1, k, k), ConvGeometry((stride, stride), (k // 2, k // 2), (1, 1), c)
+    return (o, c, 1, 1), ConvGeometry((stride, stride), (0, 0), (1, 1), 1)
 
 
 def worker(args):
@@ -75,10 +94,10 @@ def worker(args):
         cmd = json.loads(line)
         if cmd["cmd"] != "run":
             break
-        _, n, c, h, w, o, s = SHAPES[cmd["shape"]]
-        geom = ConvGeometry((s, s), (0, 0), (1, 1), 1)
+        what, n, c, h, w, o, s = SHAPES[cmd["shape"]]
+        w_shape, geom = conv_of(what, c, o, s)
         x = mge.tensor(rng.standard_normal((n, c, h, w)).astype(np.float32))
-        wt = mge.tensor(rng.standard_normal((o, c, 1, 1)).astype(np.float32))
+        wt = mge.tensor(rng.standard_normal(w_shape).astype(np.float32))
         dy = mge.tensor(rng.standard_normal(tuple(conv_forward(x, wt, None, geom).shape)).astype(np.float32))
         conv_backward(dy, wt, x, geom)
         mge._full_sync()
@@ -110,7 +129,7 @@ def main():
         env = thread_env(threads)
         workers = {"nchw": Runner("nchw", argv, dict(env, BASEBN_CONV_PLAIN_1X1="all"),
                                   os.path.join(tmp, f"nchw_{threads}.log")),
-                   "blocked": Runner("blocked", argv, dict(env, BASEBN_CONV_PLAIN_1X1="0"),
+                   "blocked": Runner("blocked", argv, dict(env, BASEBN_CONV_PLAIN_1X1="0", BASEBN_CONV_DEPTHWISE="0"),
                                      os.path.join(tmp, f"blocked_{threads}.log"))}
         print(f"\n{threads} thread(s): median ms, forward and backward (dx + dW in one op)")
         print(f"{'shape':26s} {'N x C x H x W -> O, stride':30s} {'rule':>4s} {'fwd nchw':>8s} {'blocked':>8s} "
@@ -124,7 +143,7 @@ def main():
                     times[k]["bwd"] += reply["bwd"]
             med = {(k, op): 1e3 * statistics.median(v) for k, ops in times.items() for op, v in ops.items()}
             ratio = (med["nchw", "fwd"] + med["nchw", "bwd"]) / (med["blocked", "fwd"] + med["blocked", "bwd"])
-            rule = "nchw" if under_rule(c, h, w) else "blk"
+            rule = "nchw" if under_rule(what, c, h, w) else "blk"
             print(f"{what:26s} {f'{n}x{c}x{h}x{w} -> {o}, s{s}':30s} {rule:>4s} "
                   f"{med['nchw', 'fwd']:8.2f} {med['blocked', 'fwd']:8.2f} {med['nchw', 'bwd']:8.2f} "
                   f"{med['blocked', 'bwd']:8.2f} {ratio:12.2f}", flush=True)

@@ -16,8 +16,9 @@ thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
   basebn-mmap     as basebn, but with MALLOC_MMAP_MAX_=65536 in its environment: glibc maps blocks over 32 MiB on
           their own again and unmaps them when freed (tune_cpu_runtime keeps a user's value), so they are faulted
           in afresh each step (the rule before tune_cpu_runtime kept large blocks in the heap)
-  basebn-blocked  as basebn, but with BASEBN_CONV_PLAIN_1X1=0 in its environment: every conv on oneDNN's blocked
-          kernels behind NCHW <-> blocked reorders, the pointwise ones too (the rule before plain_layout)
+  basebn-blocked  as basebn, but with BASEBN_CONV_PLAIN_1X1=0 and BASEBN_CONV_DEPTHWISE=0 in its environment:
+          every conv on oneDNN's blocked kernels behind NCHW <-> blocked reorders, the pointwise and depthwise ones
+          too (as before the NCHW kernels)
   basebn-untuned  the same with MegEngine's and glibc's default device (cpu0), worker spin and malloc settings
   basebn-cpu0     tuned, but on MegEngine's cpu0 device (its kernels on a dispatcher thread) instead of cpu:default
   mge     the same model with every conv / BN turned into plain M.Conv2d / M.BatchNorm2d, MegEngine's SGD
@@ -522,7 +523,7 @@ def start_runners(args, model, threads, tmp):
         argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", model,
                 "--device", device, "--warmup", str(args.warmup)]
         extra = {"basebn-passive": dict(OMP_WAIT_POLICY="PASSIVE"), "basebn-mmap": dict(MALLOC_MMAP_MAX_="65536"),
-                 "basebn-blocked": dict(BASEBN_CONV_PLAIN_1X1="0")}
+                 "basebn-blocked": dict(BASEBN_CONV_PLAIN_1X1="0", BASEBN_CONV_DEPTHWISE="0")}
         runners.append(Runner(kind, argv, dict(env, **extra.get(kind, {})), log, cores))
     return runners, device
 

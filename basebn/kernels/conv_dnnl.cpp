@@ -17,6 +17,9 @@
 // pointwise convs of plain_layout) and cached per (op, shape, geometry, thread count); user NCHW/oihw tensors are
 // reordered to and from those layouts inside each call, through one grow-only arena (also the user-mode
 // scratchpad).
+// Depthwise convs that conv_depthwise_cpu.h covers (square 3/5/7 kernels, stride 1 or 2, no dilation, planes of at
+// least 14 x 14) run there instead, on the NCHW tensors, without reorders ($BASEBN_CONV_DEPTHWISE=0, read once,
+// keeps them on oneDNN).
 // Threads: the OpenMP runtime of libdnnl; $BASEBN_NUM_THREADS when set, else the OpenMP default.
 // Compiled only with -DBASEBN_WITH_DNNL (see basebn/layers/bn_ops/build.py).
 #ifdef BASEBN_WITH_DNNL
@@ -36,6 +39,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "conv_depthwise_cpu.h"
 #include "dnnl_runtime.h"
 #include "megbrain/custom/custom.h"
 #include "queued_work.h"
@@ -464,6 +468,21 @@ void guarded(F&& f) {
     }
 }
 
+// ------------------------------------------------------------------ depthwise convs off oneDNN
+// Whether the conv is depthwise (one input and one output channel per group) in a shape conv_depthwise_cpu.h takes.
+bool direct_depthwise(const Geom& g) {
+    static const bool enabled = [] {
+        const char* v = std::getenv("BASEBN_CONV_DEPTHWISE");
+        return v == nullptr || std::strcmp(v, "0") != 0;
+    }();
+    return enabled && g.G > 1 && g.G == g.C && g.O == g.C &&
+           depthwise::supported(g.KH, g.KW, g.SH, g.SW, g.PH, g.PW, g.DH, g.DW, g.H, g.W);
+}
+
+depthwise::Geom depthwise_geom(const Geom& g) {
+    return {g.N, g.C, g.H, g.W, g.KH, g.SH, g.PH, g.HO, g.WO};
+}
+
 // ------------------------------------------------------------------ computes
 void fwd_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
     wait_for_queued_work();
@@ -477,6 +496,9 @@ void fwd_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tens
                       in[2].size(), static_cast<long long>(g.O));
         ins.push_back(contiguous(in[2], bb));
     }
+    if (direct_depthwise(g))
+        return depthwise::forward(ins[0], ins[1], g.bias ? ins[2] : nullptr, out_ptr(out[0]), depthwise_geom(g),
+                                  set_threads());
     guarded([&]() { execute(kFwd, g, ins, {out_ptr(out[0])}); });
 }
 
@@ -500,6 +522,8 @@ void bwd_data_compute(const std::vector<Tensor>& in, const Param& p, std::vector
     std::vector<float> bdy, bw, badd;
     const std::vector<const float*> ins = {contiguous(in[0], bdy), contiguous(in[1], bw)};
     const float* addend = has_addend ? contiguous(in[2], badd) : nullptr;
+    if (direct_depthwise(g))
+        return depthwise::backward_data(ins[0], ins[1], addend, out_ptr(out[0]), depthwise_geom(g), set_threads());
     guarded([&]() { execute(kBwdData, g, ins, {out_ptr(out[0])}, addend); });
 }
 
@@ -524,6 +548,11 @@ void bwd_compute(const std::vector<Tensor>& in, const Param& p, std::vector<Tens
     std::vector<float> bdy, bw, bx, badd;
     const float* addend = has_addend ? contiguous(in[3], badd) : nullptr;
     const float *dy = contiguous(in[0], bdy), *w = contiguous(in[1], bw), *x = contiguous(in[2], bx);
+    if (direct_depthwise(gd)) {
+        const int threads = set_threads();
+        depthwise::backward_data(dy, w, addend, out_ptr(out[0]), depthwise_geom(gd), threads);
+        return depthwise::backward_weights(x, dy, dw, gf.bias ? db : nullptr, depthwise_geom(gf), threads);
+    }
     guarded([&]() { execute_backward(gd, gf, dy, w, x, out_ptr(out[0]), dw, db, addend); });
 }
 
@@ -540,6 +569,9 @@ void bwd_filter_compute(const std::vector<Tensor>& in, const Param& p, std::vect
     }
     std::vector<float> bx, bdy;
     const std::vector<const float*> ins = {contiguous(in[0], bx), contiguous(in[1], bdy)};
+    if (direct_depthwise(g))
+        return depthwise::backward_weights(ins[0], ins[1], dw, g.bias ? db : nullptr, depthwise_geom(g),
+                                           set_threads());
     std::vector<float*> outs = {dw};
     if (g.bias)
         outs.push_back(db);

@@ -45,7 +45,7 @@ _CUDA_HEADERS = ("bn_cuda_launch.h", "bn_cuda_kernels.cuh")  # (hashed in CUDA b
 _HEADERS = ("bn_math.h", "bn_kernels.h", "bn_act_kernels.h", "bn_cpu_rows.h", "bn_act_cpu_rows.h", "strided_copy.h",
             "queued_work.h")
 _DNNL_SOURCES = ("conv_dnnl.cpp", "pool_dnnl.cpp", "matmul_dnnl.cpp")  # the conv, max-pool and matmul ops
-_DNNL_HEADERS = ("dnnl_runtime.h",)  # (hashed in oneDNN builds only: the BN-only key stays)
+_DNNL_HEADERS = ("dnnl_runtime.h", "conv_depthwise_cpu.h")  # (hashed in oneDNN builds only: the BN-only key stays)
 _LIB_NAME = "basebn_bn"
 _DNNL_LIB_NAME = "basebn_bn_dnnl"  # another name: a failed oneDNN build can be followed by the BN-only one
 _DNNL_FAILED = "dnnl_failed.txt"

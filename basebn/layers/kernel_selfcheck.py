@@ -307,7 +307,9 @@ def _check_running_update(reps):
 # -------------------------------------------------------------------------------------- conv ops
 def _conv_cases(quick):
     """(x shape, weight shape, stride, padding, dilation, groups, bias)."""
-    cases = [((2, 4, 9, 9), (6, 4, 3, 3), 1, 1, 1, 1, True), ((2, 4, 8, 8), (2, 3, 2, 3, 3), 1, 1, 1, 2, False)]
+    cases = [((2, 4, 9, 9), (6, 4, 3, 3), 1, 1, 1, 1, True), ((2, 4, 8, 8), (2, 3, 2, 3, 3), 1, 1, 1, 2, False),
+             ((2, 8, 14, 14), (16, 8, 1, 1), 1, 0, 1, 1, True),  # pointwise on oneDNN's NCHW kernels
+             ((2, 6, 16, 17), (6, 1, 1, 3, 3), 2, 1, 1, 6, True)]  # depthwise on basebn's (conv_depthwise_cpu.h)
     if not quick:
         cases += [((2, 3, 10, 10), (5, 3, 3, 3), 2, 1, 1, 1, False), ((2, 6, 7, 7), (6, 1, 1, 3, 3), 1, 1, 1, 6, True),
                   ((4, 16, 5, 5), (8, 16, 1, 1), 1, 0, 1, 1, True), ((1, 3, 11, 11), (4, 3, 3, 3), 1, 2, 2, 1, False),

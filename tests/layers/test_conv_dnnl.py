@@ -5,6 +5,7 @@ a few hundred products), 1e-4 for a whole ResNet-20 SGD step against MegEngine's
 two round differently through 20 layers of BN). Skipped when the ops did not build here.
 """
 import copy
+import math
 import os
 import subprocess
 import sys
@@ -98,7 +99,7 @@ CASES = {
     "depthwise": (2, 16, 7, 7, 16, (3, 3), 1, 1, 1, 16, False),
     "depthwise s2 bias": (2, 8, 8, 8, 8, (3, 3), 2, 1, 1, 8, True),
     "depthwise x2 5x5": (1, 4, 6, 6, 8, (5, 5), 1, 2, 1, 4, False),
-    # wider and odder depthwise shapes: every kernel size the zoo uses, both strides, images smaller than the kernel
+    # depthwise on basebn's NCHW kernels (conv_depthwise_cpu.h, >= 14 x 14 pixels): vector bodies, odd sizes, K, S
     "depthwise 3x3 wide": (2, 5, 9, 37, 5, (3, 3), 1, 1, 1, 5, True),
     "depthwise 3x3 no padding": (2, 5, 9, 33, 5, (3, 3), 1, 0, 1, 5, False),
     "depthwise 3x3 s2 wide, odd": (2, 4, 15, 45, 4, (3, 3), 2, 1, 1, 4, False),
@@ -535,3 +536,62 @@ def test_pointwise_convs_over_14x14_pixels_run_on_the_nchw_tensors(setting, nchw
         assert len(nchw) == 3, (case, nchw)  # forward, data gradient, weight gradient
         assert nchw == [case in nchw_cases] * 3, (case, nchw)
 
+
+
+# Depthwise convs, each run forward and backward (x and w recorded): (C, O, kernel, dilation, H = W)
+DEPTHWISE_PROBE = r"""
+import numpy as np
+import megengine as mge
+from megengine.autodiff import GradManager
+from basebn.layers.conv import conv2d
+for c, o, k, dil, hw in ((8, 8, 3, 1, 14), (8, 16, 3, 1, 14), (6, 6, 3, 2, 14), (10, 10, 5, 1, 15), (12, 12, 3, 1, 13)):
+    x = mge.Parameter(np.ones((2, c, hw, hw), np.float32))
+    w = mge.Parameter(np.ones((c, o // c, 1, k, k), np.float32))
+    gm = GradManager().attach([x, w])
+    with gm:
+        gm.backward(conv2d(x, w, None, 1, dil * (k // 2), dil, c).sum())
+    x.grad.numpy()
+"""
+
+
+@pytest.mark.parametrize("setting, own_kernels", [(None, {8, 10}), ("0", set())])
+def test_depthwise_convs_over_14x14_pixels_run_on_basebns_kernels(setting, own_kernels):
+    """oneDNN's log of executed primitives (ONEDNN_VERBOSE) has no convolution for the depthwise convs that
+    conv_depthwise_cpu.h takes (3x3 and 5x5, no dilation, >= 14 x 14 pixels), and the forward, data- and
+    weight-gradient primitives for a channel multiplier of 2, a dilated conv, a 13 x 13 image, and every conv under
+    BASEBN_CONV_DEPTHWISE=0."""
+    env = dict(os.environ, ONEDNN_VERBOSE="profile_exec", BASEBN_NUM_THREADS="1")
+    env.pop("BASEBN_CONV_DEPTHWISE", None)
+    if setting is not None:
+        env["BASEBN_CONV_DEPTHWISE"] = setting
+    proc = subprocess.run([sys.executable, "-c", DEPTHWISE_PROBE], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    onednn = {c: 0 for c in (8, 6, 10, 12)}
+    multiplier_2 = 0
+    for line in proc.stdout.splitlines():
+        fields = line.split(",")
+        if line.startswith("onednn_verbose") and "exec" in fields and "convolution" in fields:
+            for c in onednn:
+                onednn[c] += f"g{c}mb2_ic{c}oc{c}_" in line
+            multiplier_2 += "g8mb2_ic8oc16_" in line
+    assert multiplier_2 == 3, proc.stdout[-2000:]
+    assert onednn == {c: 0 if c in own_kernels else 3 for c in onednn}, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("kernel, stride", [(3, 1), (3, 2), (5, 2)])
+def test_depthwise_kernels_give_the_same_bits_at_any_thread_count(monkeypatch, kernel, stride):
+    """basebn's depthwise kernels: each plane is one thread's task and each channel's weight gradient one
+    thread's sum, in a fixed order, so 1 and 2 threads agree bit for bit."""
+    rng = np.random.default_rng(9)
+    x = mge.tensor(rng.standard_normal((4, 24, 30, 30)).astype(np.float32))
+    w = mge.tensor(rng.standard_normal((24, 1, 1, kernel, kernel)).astype(np.float32))
+    geom = conv_ops.ConvGeometry((stride, stride), (kernel // 2,) * 2, (1, 1), 24)
+    runs = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv("BASEBN_NUM_THREADS", threads)
+        y = conv_ops.conv_forward(x, w, None, geom)
+        dy = mge.tensor(np.cos(np.arange(math.prod(y.shape), dtype=np.float32)).reshape(y.shape))
+        runs.append([a.numpy() for a in (y,) + conv_ops.conv_backward(dy, w, x, geom, with_bias=True)])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
