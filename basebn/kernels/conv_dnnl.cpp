@@ -190,9 +190,10 @@ Slot make_slot(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc
 // Whether a conv runs on oneDNN's plain-layout kernels (its gemm convolution on the NCHW tensors themselves) rather
 // than on blocked ones behind NCHW <-> blocked reorders: pointwise convs (1x1, one group, no padding) over at least
 // 14 x 14 input pixels with at most 512 input channels. There the reorders of x, y and dy cost more than the
-// blocked kernels save: fwd + bwd 0.53-0.86x the time at 1 and 2 threads; wider or smaller ones run slower plain
-// (1024 -> 256 at 14 x 14: 1.26-1.31x; 7 x 7: 0.99-1.59x). $BASEBN_CONV_PLAIN_1X1 (read once): 0 keeps every conv
-// blocked, "all" sends every such pointwise conv to the NCHW kernels (benchmarks/bench_conv_layout.py compares both).
+// blocked kernels save: fwd + bwd 0.49-0.90x the time at 1 thread, 0.51-1.01x at 2; wider or smaller ones run
+// slower plain (1024 -> 256 at 14 x 14: 1.17-1.33x; 7 x 7: 0.93-1.72x). $BASEBN_CONV_PLAIN_1X1 (read once): 0
+// keeps every conv blocked, "all" sends every such pointwise conv to the NCHW kernels (benchmarks/
+// bench_conv_layout.py compares both).
 bool plain_layout(const Geom& g) {
     enum Mode { kOff, kRule, kAll };
     static const Mode mode = [] {
