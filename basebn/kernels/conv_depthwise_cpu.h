@@ -15,7 +15,8 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// BASEBN_DEPTHWISE_PORTABLE leaves the AVX2 code out (tests/layers/test_conv_dnnl.py builds the portable loops so)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(BASEBN_DEPTHWISE_PORTABLE)
 #include <immintrin.h>
 #define BASEBN_DEPTHWISE_AVX2 1
 #endif
@@ -109,18 +110,12 @@ void stencil_row(const float* in, dim is, const float* w, float bias, float* out
 }
 
 // ------------------------------------------------------------------ weight gradient of one plane
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BASEBN_PLANE_CLONES __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define BASEBN_PLANE_CLONES
-#endif
-
 // dw[t] += sum of dy * xp under tap t, db += sum of dy, over one plane: dyb is dy with rows padded to a multiple of
 // kCols with zeros (row stride ds), xp the padded x (row stride xs). Per block of kCols columns the K * K + 1 sums
 // run over all rows in float lanes, then go to double.
 template <int K, int S>
-BASEBN_PLANE_CLONES void weight_grad_plane(const float* __restrict xp, dim xs, const float* __restrict dyb, dim ds,
-                                           dim ho_n, double* dw, double& db) {
+void weight_grad_plane_portable(const float* __restrict xp, dim xs, const float* __restrict dyb, dim ds, dim ho_n,
+                                double* dw, double& db) {
     for (dim c0 = 0; c0 < ds; c0 += kCols) {
         float acc[K * K][kCols] = {};
         float bacc[kCols] = {};
@@ -159,7 +154,7 @@ __attribute__((target("avx2,fma"))) inline __m256 load_taps(const float* x) {
     return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
-// weight_grad_plane with the K * K + 1 sums of a column block in registers.
+// weight_grad_plane_portable with the K * K + 1 sums of a column block in registers.
 template <int K, int S>
 __attribute__((target("avx2,fma"))) void weight_grad_plane_avx2(const float* xp, dim xs, const float* dyb, dim ds,
                                                                   dim ho_n, double* dw, double& db) {
@@ -191,6 +186,15 @@ __attribute__((target("avx2,fma"))) void weight_grad_plane_avx2(const float* xp,
     }
 }
 #endif
+
+template <int K, int S>
+void weight_grad_plane(const float* xp, dim xs, const float* dyb, dim ds, dim ho_n, double* dw, double& db) {
+#ifdef BASEBN_DEPTHWISE_AVX2
+    if (use_avx2())
+        return weight_grad_plane_avx2<K, S>(xp, xs, dyb, ds, ho_n, dw, db);
+#endif
+    weight_grad_plane_portable<K, S>(xp, xs, dyb, ds, ho_n, dw, db);
+}
 
 // ------------------------------------------------------------------ the three ops
 // dst (rows x stride, zeros elsewhere) gets src (h x w) at row r0 + r * step, column c0 + c * step.
@@ -276,12 +280,6 @@ void backward_weights_k(const float* x, const float* dy, float* dw, float* db, c
                 const dim nc = n * g.C + c;
                 spread_plane(x + nc * g.H * g.W, g.H, g.W, g.P, g.P, 1, xp.data(), rows, cols);
                 spread_plane(dy + nc * g.HO * g.WO, g.HO, g.WO, 0, 0, 1, dyb.data(), g.HO, wo_cols);
-#ifdef BASEBN_DEPTHWISE_AVX2
-                if (use_avx2()) {
-                    weight_grad_plane_avx2<K, S>(xp.data(), cols, dyb.data(), wo_cols, g.HO, acc, bacc);
-                    continue;
-                }
-#endif
                 weight_grad_plane<K, S>(xp.data(), cols, dyb.data(), wo_cols, g.HO, acc, bacc);
             }
             for (int t = 0; t < K * K; ++t)

@@ -7,6 +7,7 @@ two round differently through 20 layers of BN). Skipped when the ops did not bui
 import copy
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -595,3 +596,40 @@ def test_depthwise_kernels_give_the_same_bits_at_any_thread_count(monkeypatch, k
         runs.append([a.numpy() for a in (y,) + conv_ops.conv_backward(dy, w, x, geom, with_bias=True)])
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.fixture(scope="module", params=["avx2", "portable"])
+def depthwise_harness(request, tmp_path_factory):
+    """tests/support/depthwise_harness.cpp built with the kernels' AVX2 code, or with only their portable loops
+    (what a CPU without AVX2 + FMA runs; this machine would never reach them through the ops)."""
+    if shutil.which("g++") is None:
+        pytest.skip("no g++")
+    exe = tmp_path_factory.mktemp("harness") / request.param
+    flags = ["-DBASEBN_DEPTHWISE_PORTABLE"] if request.param == "portable" else []
+    subprocess.run(["g++", "-O2", "-std=c++14", "-Wall", "-Werror", "-fopenmp", *flags,
+                    "-I", os.path.join(ROOT, "basebn", "kernels"),
+                    os.path.join(ROOT, "tests", "support", "depthwise_harness.cpp"), "-o", str(exe)], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n.startswith("depthwise") and CASES[n][4] == CASES[n][1]
+                                  and CASES[n][8] == 1 and CASES[n][5][0] in (3, 5, 7) and CASES[n][6] in (1, 2)])
+def test_depthwise_kernels_match_float64_reference_with_and_without_avx2(name, depthwise_harness, tmp_path):
+    """Both builds of conv_depthwise_cpu.h, on every depthwise case (small planes too: called directly, not by the
+    ops' 14 x 14 rule), against the float64 transcription: y + bias, dx + the added gradient, dW, db."""
+    n, c, h, w, o, (k, _), stride, pad, dil, groups, bias = CASES[name]
+    x, wd, b, rng = make_inputs(CASES[name], seed=3)
+    b = rng.standard_normal(c).astype(np.float32)  # always a bias here
+    ho_wo = taps(x.shape, wd.shape, stride, pad, dil)[1]
+    dy = rng.standard_normal((n, c) + ho_wo).astype(np.float32)
+    added = rng.standard_normal(x.shape).astype(np.float32)
+    for key, arr in (("x", x), ("w", wd), ("b", b), ("dy", dy), ("add", added)):
+        arr.tofile(tmp_path / f"{key}.f32")
+    subprocess.run([str(depthwise_harness), *(str(v) for v in (n, c, h, w, k, stride, pad)), str(tmp_path)],
+                   check=True, timeout=60)
+    y_ref, dx_ref, dw_ref, db_ref = reference(x, wd, b, dy, stride, pad, dil, groups)
+    got = {key: np.fromfile(tmp_path / f"{key}.f32", np.float32) for key in ("y", "dx", "dw", "db")}
+    assert rel_err(got["y"].reshape(y_ref.shape), y_ref) <= TOL
+    assert rel_err(got["dx"].reshape(dx_ref.shape), dx_ref + added) <= TOL
+    assert rel_err(got["dw"].reshape(dw_ref.shape), dw_ref) <= TOL
+    assert rel_err(got["db"], db_ref) <= TOL
