@@ -197,9 +197,9 @@ void weight_grad_plane(const float* xp, dim xs, const float* dyb, dim ds, dim ho
 }
 
 // ------------------------------------------------------------------ the three ops
-// dst (rows x stride, zeros elsewhere) gets src (h x w) at row r0 + r * step, column c0 + c * step.
-inline void spread_plane(const float* src, dim h, dim w, dim r0, dim c0, dim step, float* dst, dim rows, dim stride) {
-    std::fill(dst, dst + rows * stride, 0.f);
+// dst (row stride `stride`) gets src (h x w) at row r0 + r * step, column c0 + c * step. Nothing else of dst is
+// written: a buffer zeroed once and used for one geometry keeps its padding zero from plane to plane.
+inline void spread_plane(const float* src, dim h, dim w, dim r0, dim c0, dim step, float* dst, dim stride) {
     for (dim r = 0; r < h; ++r) {
         float* d = dst + (r0 + r * step) * stride + c0;
         const float* s = src + r * w;
@@ -212,23 +212,50 @@ inline void spread_plane(const float* src, dim h, dim w, dim r0, dim c0, dim ste
     }
 }
 
+// Asks the cache for the n floats at p, a plane needed next.
+inline void prefetch(const float* p, dim n) {
+    for (dim i = 0; i < n; i += 16)
+        __builtin_prefetch(p + i);
+}
+
+// Narrow planes (output rows of at most kRow columns) take the stride-1 stencil over the whole zero-padded plane
+// (row stride cols) at once: output p = r * cols + c reads in[p + i * cols + j], so a row's last K - 1 outputs mix
+// in the next row and are dropped, rows are not padded out to kRow columns each, and the weights are broadcast
+// once per plane, not per row (14 x 14 planes: 2.3x faster; 56 x 56 ones were 10% slower so, and keep one
+// stencil per row). The buffer holds flat_size(out_rows, cols, K) floats: the last step reads past the plane into
+// a tail that stays zero.
+inline dim flat_steps(dim out_rows, dim cols) {
+    return (out_rows * cols + kRow - 1) / kRow;
+}
+inline dim flat_size(dim out_rows, dim cols, dim k) {
+    return flat_steps(out_rows, cols) * kRow + (k - 1) * (cols + 1);
+}
+
 template <int K, int S>
 void forward_k(const float* x, const float* w, const float* bias, float* y, const Geom& g, int threads) {
-    const dim steps = (S * (g.WO - 1) + 1 + kRow - 1) / kRow;  // stride-1 columns 0 .. S * (WO - 1)
-    const dim rows = g.H + 2 * g.P, cols = std::max(g.W + 2 * g.P, steps * kRow + K - 1);
+    const bool flat = S == 1 && g.WO <= kRow;
+    const dim rows = g.H + 2 * g.P, row_steps = (S * (g.WO - 1) + 1 + kRow - 1) / kRow;  // columns 0 .. S(WO - 1)
+    const dim cols = flat ? g.W + 2 * g.P : std::max(g.W + 2 * g.P, row_steps * kRow + K - 1);
+    const dim steps = flat ? flat_steps(g.HO, cols) : row_steps;
 #pragma omp parallel num_threads(threads)
     {
-        std::vector<float> xp(rows * cols), row(steps * kRow);
+        std::vector<float> xp(flat ? std::max(rows * cols, flat_size(g.HO, cols, K)) : rows * cols);
+        std::vector<float> out(steps * kRow);
 #pragma omp for schedule(static)
         for (dim nc = 0; nc < g.N * g.C; ++nc) {
             const dim c = nc % g.C;
-            spread_plane(x + nc * g.H * g.W, g.H, g.W, g.P, g.P, 1, xp.data(), rows, cols);
+            const float* wc = w + c * K * K;
             const float b = bias != nullptr ? bias[c] : 0.f;
+            spread_plane(x + nc * g.H * g.W, g.H, g.W, g.P, g.P, 1, xp.data(), cols);
+            if (flat)
+                stencil_row<K>(xp.data(), cols, wc, b, out.data(), steps);
             for (dim ho = 0; ho < g.HO; ++ho) {
+                if (!flat)
+                    stencil_row<K>(xp.data() + ho * S * cols, cols, wc, b, out.data(), steps);
+                const float* src = flat ? out.data() + ho * cols : out.data();
                 float* yr = y + (nc * g.HO + ho) * g.WO;
-                stencil_row<K>(xp.data() + ho * S * cols, cols, w + c * K * K, b, row.data(), steps);
                 for (dim wo = 0; wo < g.WO; ++wo)
-                    yr[wo] = row[wo * S];
+                    yr[wo] = src[wo * S];
             }
         }
     }
@@ -238,28 +265,34 @@ void forward_k(const float* x, const float* w, const float* bias, float* y, cons
 // stencil, kernel turned by 180 degrees, over dy spread S apart and padded by K - 1 - P.
 template <int K, int S>
 void backward_data_k(const float* dy, const float* w, const float* addend, float* dx, const Geom& g, int threads) {
-    const dim q = K - 1 - g.P, steps = (g.W + kRow - 1) / kRow;
-    const dim rows = g.H + K - 1, cols = steps * kRow + K - 1;
+    const bool flat = g.W <= kRow;
+    const dim q = K - 1 - g.P, rows = g.H + K - 1, row_steps = (g.W + kRow - 1) / kRow;
+    const dim cols = flat ? g.W + K - 1 : row_steps * kRow + K - 1, steps = flat ? flat_steps(g.H, cols) : row_steps;
 #pragma omp parallel num_threads(threads)
     {
-        std::vector<float> buf(rows * cols), row(steps * kRow);
+        std::vector<float> buf(flat ? std::max(rows * cols, flat_size(g.H, cols, K)) : rows * cols);
+        std::vector<float> out(steps * kRow);
 #pragma omp for schedule(static)
         for (dim nc = 0; nc < g.N * g.C; ++nc) {
             const float* wc = w + (nc % g.C) * K * K;
             float turned[K * K];
             for (int t = 0; t < K * K; ++t)
                 turned[t] = wc[K * K - 1 - t];
-            spread_plane(dy + nc * g.HO * g.WO, g.HO, g.WO, q, q, S, buf.data(), rows, cols);
+            spread_plane(dy + nc * g.HO * g.WO, g.HO, g.WO, q, q, S, buf.data(), cols);
+            if (flat)
+                stencil_row<K>(buf.data(), cols, turned, 0.f, out.data(), steps);
             for (dim h = 0; h < g.H; ++h) {
-                float* out = dx + (nc * g.H + h) * g.W;
-                stencil_row<K>(buf.data() + h * cols, cols, turned, 0.f, row.data(), steps);
+                if (!flat)
+                    stencil_row<K>(buf.data() + h * cols, cols, turned, 0.f, out.data(), steps);
+                const float* src = flat ? out.data() + h * cols : out.data();
+                float* dst = dx + (nc * g.H + h) * g.W;
                 if (addend != nullptr) {
                     const float* a = addend + (nc * g.H + h) * g.W;
 #pragma omp simd
                     for (dim c = 0; c < g.W; ++c)
-                        out[c] = row[c] + a[c];
+                        dst[c] = src[c] + a[c];
                 } else {
-                    std::memcpy(out, row.data(), sizeof(float) * g.W);
+                    std::memcpy(dst, src, sizeof(float) * g.W);
                 }
             }
         }
@@ -278,8 +311,12 @@ void backward_weights_k(const float* x, const float* dy, float* dw, float* db, c
             double acc[K * K] = {}, bacc = 0.0;
             for (dim n = 0; n < g.N; ++n) {
                 const dim nc = n * g.C + c;
-                spread_plane(x + nc * g.H * g.W, g.H, g.W, g.P, g.P, 1, xp.data(), rows, cols);
-                spread_plane(dy + nc * g.HO * g.WO, g.HO, g.WO, 0, 0, 1, dyb.data(), g.HO, wo_cols);
+                if (n + 1 < g.N) {  // the next image's planes lie C planes further on: no prefetcher follows that
+                    prefetch(x + (nc + g.C) * g.H * g.W, g.H * g.W);
+                    prefetch(dy + (nc + g.C) * g.HO * g.WO, g.HO * g.WO);
+                }
+                spread_plane(x + nc * g.H * g.W, g.H, g.W, g.P, g.P, 1, xp.data(), cols);
+                spread_plane(dy + nc * g.HO * g.WO, g.HO, g.WO, 0, 0, 1, dyb.data(), wo_cols);
                 weight_grad_plane<K, S>(xp.data(), cols, dyb.data(), wo_cols, g.HO, acc, bacc);
             }
             for (int t = 0; t < K * K; ++t)

@@ -109,6 +109,10 @@ CASES = {
     "depthwise 7x7 wide": (1, 4, 12, 40, 4, (7, 7), 1, 3, 1, 4, False),
     "depthwise 7x7 s2": (2, 3, 14, 19, 3, (7, 7), 2, 3, 1, 3, True),
     "depthwise 3x3 on 1x1": (2, 4, 1, 1, 4, (3, 3), 1, 1, 1, 4, True),
+    # output rows of at most 32 columns: one stencil over the whole padded plane (rows back to back)
+    "depthwise 3x3 narrow, no padding": (2, 5, 14, 20, 5, (3, 3), 1, 0, 1, 5, True),
+    "depthwise 5x5 narrow": (2, 3, 14, 18, 3, (5, 5), 1, 2, 1, 3, False),
+    "depthwise 7x7 narrow": (1, 2, 15, 17, 2, (7, 7), 1, 3, 1, 2, True),
     "N=1 C=1": (1, 1, 5, 5, 2, (3, 3), 1, 1, 1, 1, True),
     "1x1 image": (3, 4, 1, 1, 5, (1, 1), 1, 0, 1, 1, True),
     "1x1 image 3x3 pad": (2, 4, 1, 1, 5, (3, 3), 1, 1, 1, 1, False),
