@@ -350,3 +350,31 @@ def test_kernel_cache_is_keyed_by_source_hash():
     # the sources live inside the installed package, and the key changes with them
     assert all(p.startswith(kernel_build.kernel_source_dir()) for p in spec.sources + spec.headers)
     assert os.path.dirname(kernel_build.kernel_source_dir()) == os.path.dirname(os.path.abspath(basebn.__file__))
+
+
+CPUINFO = "processor\t: {n}\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse sse2 avx {extra}fma\n\n"
+
+
+@pytest.mark.parametrize("extra, expected", [("avx2 ", ("-mavx2", "-ffp-contract=off")), ("", ())])
+def test_library_is_built_for_avx2_only_where_the_cpu_lists_it(tmp_path, monkeypatch, extra, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(CPUINFO.format(n=0, extra=extra) + CPUINFO.format(n=1, extra=extra))
+    monkeypatch.setattr(kernel_build.platform, "machine", lambda: "x86_64")
+    assert kernel_build.cpu_vector_cflags(str(cpuinfo)) == expected
+    monkeypatch.setattr(kernel_build.platform, "machine", lambda: "aarch64")  # no x86 flags on another ISA
+    assert kernel_build.cpu_vector_cflags(str(cpuinfo)) == ()
+    monkeypatch.setattr(kernel_build.platform, "machine", lambda: "x86_64")
+    assert kernel_build.cpu_vector_cflags(str(tmp_path / "missing")) == ()  # no /proc: the portable build
+
+
+def test_build_key_follows_the_cpu_flags(monkeypatch):
+    """The AVX2 build and the portable one get different cache directories, so a cache shared by machines of both
+    kinds never hands the AVX2 library to a CPU without it."""
+    with_avx2 = kernel_build.kernel_build_spec(False, onednn=None)
+    monkeypatch.setattr(kernel_build, "cpu_vector_cflags", lambda: ())
+    portable = kernel_build.kernel_build_spec(False, onednn=None)
+    monkeypatch.setattr(kernel_build, "cpu_vector_cflags", lambda: ("-mavx2", "-ffp-contract=off"))
+    avx2 = kernel_build.kernel_build_spec(False, onednn=None)
+    assert "-mavx2" not in portable.cflags and "-mavx2" in avx2.cflags
+    assert portable.build_dir != avx2.build_dir
+    assert with_avx2.build_dir in (portable.build_dir, avx2.build_dir)  # this machine's is one of the two
