@@ -34,7 +34,7 @@ struct Geom {
 };
 
 // Whether these kernels take a depthwise conv of this geometry (the rest stays on oneDNN): planes of at least
-// 14 x 14 input pixels; on smaller ones oneDNN's nChw8c kernel, eight channels per vector, is faster.
+// 14 x 14 input pixels; on smaller ones oneDNN's blocked kernel (8 or 16 channels per vector) is faster.
 inline bool supported(dim kh, dim kw, dim sh, dim sw, dim ph, dim pw, dim dh, dim dw, dim h, dim w) {
     return kh == kw && (kh == 3 || kh == 5 || kh == 7) && sh == sw && (sh == 1 || sh == 2) && ph == pw && ph < kh &&
            dh == 1 && dw == 1 && h * w >= 14 * 14;
@@ -221,8 +221,8 @@ inline void prefetch(const float* p, dim n) {
 // Narrow planes (output rows of at most kRow columns) take the stride-1 stencil over the whole zero-padded plane
 // (row stride cols) at once: output p = r * cols + c reads in[p + i * cols + j], so a row's last K - 1 outputs mix
 // in the next row and are dropped, rows are not padded out to kRow columns each, and the weights are broadcast
-// once per plane, not per row (14 x 14 planes: 2.3x faster; 56 x 56 ones were 10% slower so, and keep one
-// stencil per row). The buffer holds flat_size(out_rows, cols, K) floats: the last step reads past the plane into
+// once per plane, not per row (14 x 14 planes: 2.3x faster; 56 x 56 planes were 10-15% slower this way and keep
+// one stencil per row). The buffer holds flat_size(out_rows, cols, K) floats: the last step reads past the plane into
 // a tail that stays zero.
 inline dim flat_steps(dim out_rows, dim cols) {
     return (out_rows * cols + kRow - 1) / kRow;

@@ -60,8 +60,8 @@ _ENV_ONEDNN = "BASEBN_ONEDNN_ROOT"
 # derivatives, the SiLU / HSwish forwards); it changes no value (no reassociation, unlike -ffast-math).
 _CFLAGS = ("-O3", "-fopenmp-simd", "-fopenmp", "-fno-trapping-math", "-DNDEBUG", "-pthread")
 # On an x86-64 CPU with AVX2 the library is built for it (8 floats per vector instead of SSE2's 4): the fused
-# BN-activation layers' forward + backward 0.76-0.8x the time at 32 x 96 x 56 x 56 (docs/bn_design.md). The flag is
-# part of the build key, so a cache shared with older CPUs holds their portable build beside this one.
+# BN-activation layers' forward + backward 0.61-0.87x the time at 32 x 96 x 56 x 56 (docs/bn_design.md). The
+# flags are part of the build key, so a cache shared with older CPUs holds their portable build beside this one.
 # -ffp-contract=off: no fused multiply-adds the source does not write, so element-wise results keep their bits.
 _AVX2_CFLAGS = ("-mavx2", "-ffp-contract=off")
 _LDFLAGS = ("-pthread", "-fopenmp")
