@@ -1,7 +1,8 @@
 """One CPU training step (forward, backward, SGD update, loss.item()): basebn vs plain MegEngine vs PyTorch.
 
     .venv/bin/python benchmarks/bench_train_step.py [--models resnet20 resnet18 mbnetv2] [--threads 1 2]
-        [--runners basebn basebn-poller basebn-passive basebn-mmap basebn-blocked basebn-untuned mge torch torchc]
+        [--runners basebn basebn-poller basebn-passive basebn-mmap basebn-blocked basebn-portable basebn-untuned mge
+         torch torchc]
         [--rounds 4] [--steps 2] [--warmup 2] [--torch-python PY | --install-torch] [--json OUT] [--profile]
         [--same-window]
 
@@ -19,6 +20,8 @@ thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
   basebn-blocked  as basebn, but with BASEBN_CONV_PLAIN_1X1=0 and BASEBN_CONV_DEPTHWISE=0 in its environment:
           every conv on oneDNN's blocked kernels behind NCHW <-> blocked reorders, the pointwise and depthwise ones
           too (as before the NCHW kernels)
+  basebn-portable as basebn, but with BASEBN_KERNEL_PORTABLE=1 in its environment: the kernel library built
+          without -mavx2 (SSE2 vectors) on a CPU with AVX2, as before the AVX2 build
   basebn-untuned  the same with MegEngine's and glibc's default device (cpu0), worker spin and malloc settings
   basebn-cpu0     tuned, but on MegEngine's cpu0 device (its kernels on a dispatcher thread) instead of cpu:default
   mge     the same model with every conv / BN turned into plain M.Conv2d / M.BatchNorm2d, MegEngine's SGD
@@ -287,10 +290,12 @@ def worker_main(args):
     (use_inline_cpu_device), ``basebn-cpu0`` stays on cpu0."""
     if args.worker == "basebn-poller":
         basebn_cli.lower_event_poller_priority = lambda: []  # the A/B of that one setting
-    if args.worker in ("basebn", "basebn-poller", "basebn-passive", "basebn-mmap", "basebn-blocked", "basebn-cpu0"):
+    if args.worker in ("basebn", "basebn-poller", "basebn-passive", "basebn-mmap", "basebn-blocked", "basebn-portable",
+                       "basebn-cpu0"):
         quiet_device_probe()
     device = args.device
-    if not device and args.worker in ("basebn", "basebn-poller", "basebn-passive", "basebn-mmap", "basebn-blocked"):
+    if not device and args.worker in ("basebn", "basebn-poller", "basebn-passive", "basebn-mmap", "basebn-blocked",
+                                     "basebn-portable"):
         use_inline_cpu_device(omp_spin=True)
     elif not device:
         device = "cpu0"
@@ -523,7 +528,8 @@ def start_runners(args, model, threads, tmp):
         argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", model,
                 "--device", device, "--warmup", str(args.warmup)]
         extra = {"basebn-passive": dict(OMP_WAIT_POLICY="PASSIVE"), "basebn-mmap": dict(MALLOC_MMAP_MAX_="65536"),
-                 "basebn-blocked": dict(BASEBN_CONV_PLAIN_1X1="0", BASEBN_CONV_DEPTHWISE="0")}
+                 "basebn-blocked": dict(BASEBN_CONV_PLAIN_1X1="0", BASEBN_CONV_DEPTHWISE="0"),
+                 "basebn-portable": dict(BASEBN_KERNEL_PORTABLE="1")}
         runners.append(Runner(kind, argv, dict(env, **extra.get(kind, {})), log, cores))
     return runners, device
 
@@ -643,7 +649,7 @@ def main(argv=None):
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"],
                     choices=["basebn", "basebn-poller", "basebn-passive", "basebn-mmap", "basebn-blocked",
-                             "basebn-untuned", "basebn-cpu0", "mge", "torch", "torchc"],
+                             "basebn-portable", "basebn-untuned", "basebn-cpu0", "mge", "torch", "torchc"],
                     help="torchc: PyTorch with torch.compile (inductor, CPU), the higher anchor")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per runner per round")
@@ -662,7 +668,7 @@ def main(argv=None):
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--worker", choices=["basebn", "basebn-poller", "basebn-passive", "basebn-mmap",
-                                         "basebn-blocked", "basebn-untuned", "basebn-cpu0", "mge"],
+                                         "basebn-blocked", "basebn-portable", "basebn-untuned", "basebn-cpu0", "mge"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--device", help=argparse.SUPPRESS)

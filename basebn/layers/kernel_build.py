@@ -40,6 +40,7 @@ __all__ = [
 
 _ENV_CACHE = "BASEBN_KERNEL_CACHE"
 _ENV_SOURCES = "BASEBN_KERNEL_DIR"
+_ENV_PORTABLE = "BASEBN_KERNEL_PORTABLE"
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # basebn/
 _CPU_SOURCES = ("bn_ops.cpp", "bn_cpu.cpp", "bn_act_cpu.cpp", "bn_train_cpu.cpp", "bn_running_cpu.cpp")
 _CUDA_SOURCES = ("bn_cuda.cu", "bn_cuda_launch.cu")  # the MegEngine glue, the standalone launchers
@@ -221,8 +222,9 @@ _AUTO = "auto"
 
 
 def cpu_vector_cflags(cpuinfo="/proc/cpuinfo"):
-    """:data:`_AVX2_CFLAGS` where this machine is x86-64 and its CPU flags (``cpuinfo``, Linux) list avx2, else ()."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    """:data:`_AVX2_CFLAGS` where this machine is x86-64 and its CPU flags (``cpuinfo``, Linux) list avx2, else ();
+    ``$BASEBN_KERNEL_PORTABLE=1`` asks for the portable build anyway."""
+    if os.environ.get(_ENV_PORTABLE, "") == "1" or platform.machine().lower() not in ("x86_64", "amd64"):
         return ()
     try:
         with open(cpuinfo) as f:

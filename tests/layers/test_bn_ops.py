@@ -365,6 +365,8 @@ def test_library_is_built_for_avx2_only_where_the_cpu_lists_it(tmp_path, monkeyp
     assert kernel_build.cpu_vector_cflags(str(cpuinfo)) == ()
     monkeypatch.setattr(kernel_build.platform, "machine", lambda: "x86_64")
     assert kernel_build.cpu_vector_cflags(str(tmp_path / "missing")) == ()  # no /proc: the portable build
+    monkeypatch.setenv("BASEBN_KERNEL_PORTABLE", "1")  # the user's way back to the portable build
+    assert kernel_build.cpu_vector_cflags(str(cpuinfo)) == ()
 
 
 def test_build_key_follows_the_cpu_flags(monkeypatch):
