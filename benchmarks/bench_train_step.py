@@ -283,6 +283,14 @@ def op_kind(name, part):
     return "other kernels"
 
 
+# runners started as basebn.train starts, each with these variables added to its environment
+ENV_VARIANTS = {"basebn": {}, "basebn-poller": {}, "basebn-passive": dict(OMP_WAIT_POLICY="PASSIVE"),
+                "basebn-mmap": dict(MALLOC_MMAP_MAX_="65536"),
+                "basebn-blocked": dict(BASEBN_CONV_PLAIN_1X1="0", BASEBN_CONV_DEPTHWISE="0"),
+                "basebn-portable": dict(BASEBN_KERNEL_PORTABLE="1")}
+MEGENGINE_RUNNERS = tuple(ENV_VARIANTS) + ("basebn-untuned", "basebn-cpu0", "mge")
+
+
 def worker_main(args):
     """A MegEngine runner serving commands on stdin: run N steps, profile, quit. ``basebn`` starts as the CLIs
     do (quiet_device_probe: tune_cpu_runtime before the first operation); ``basebn-untuned`` and ``mge`` keep
@@ -290,12 +298,10 @@ def worker_main(args):
     (use_inline_cpu_device), ``basebn-cpu0`` stays on cpu0."""
     if args.worker == "basebn-poller":
         basebn_cli.lower_event_poller_priority = lambda: []  # the A/B of that one setting
-    if args.worker in ("basebn", "basebn-poller", "basebn-passive", "basebn-mmap", "basebn-blocked", "basebn-portable",
-                       "basebn-cpu0"):
+    if args.worker in ENV_VARIANTS or args.worker == "basebn-cpu0":
         quiet_device_probe()
     device = args.device
-    if not device and args.worker in ("basebn", "basebn-poller", "basebn-passive", "basebn-mmap", "basebn-blocked",
-                                     "basebn-portable"):
+    if not device and args.worker in ENV_VARIANTS:
         use_inline_cpu_device(omp_spin=True)
     elif not device:
         device = "cpu0"
@@ -527,10 +533,7 @@ def start_runners(args, model, threads, tmp):
             continue
         argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", model,
                 "--device", device, "--warmup", str(args.warmup)]
-        extra = {"basebn-passive": dict(OMP_WAIT_POLICY="PASSIVE"), "basebn-mmap": dict(MALLOC_MMAP_MAX_="65536"),
-                 "basebn-blocked": dict(BASEBN_CONV_PLAIN_1X1="0", BASEBN_CONV_DEPTHWISE="0"),
-                 "basebn-portable": dict(BASEBN_KERNEL_PORTABLE="1")}
-        runners.append(Runner(kind, argv, dict(env, **extra.get(kind, {})), log, cores))
+        runners.append(Runner(kind, argv, dict(env, **ENV_VARIANTS.get(kind, {})), log, cores))
     return runners, device
 
 
@@ -648,8 +651,7 @@ def main(argv=None):
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"],
-                    choices=["basebn", "basebn-poller", "basebn-passive", "basebn-mmap", "basebn-blocked",
-                             "basebn-portable", "basebn-untuned", "basebn-cpu0", "mge", "torch", "torchc"],
+                    choices=list(MEGENGINE_RUNNERS) + ["torch", "torchc"],
                     help="torchc: PyTorch with torch.compile (inductor, CPU), the higher anchor")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per runner per round")
@@ -667,8 +669,7 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="also profile basebn's step and PyTorch's")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--worker", choices=["basebn", "basebn-poller", "basebn-passive", "basebn-mmap",
-                                         "basebn-blocked", "basebn-portable", "basebn-untuned", "basebn-cpu0", "mge"],
+    ap.add_argument("--worker", choices=MEGENGINE_RUNNERS,
                     help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--device", help=argparse.SUPPRESS)

@@ -372,11 +372,11 @@ def test_library_is_built_for_avx2_only_where_the_cpu_lists_it(tmp_path, monkeyp
 def test_build_key_follows_the_cpu_flags(monkeypatch):
     """The AVX2 build and the portable one get different cache directories, so a cache shared by machines of both
     kinds never hands the AVX2 library to a CPU without it."""
-    with_avx2 = kernel_build.kernel_build_spec(False, onednn=None)
+    here = kernel_build.kernel_build_spec(False, onednn=None)
     monkeypatch.setattr(kernel_build, "cpu_vector_cflags", lambda: ())
     portable = kernel_build.kernel_build_spec(False, onednn=None)
     monkeypatch.setattr(kernel_build, "cpu_vector_cflags", lambda: ("-mavx2", "-ffp-contract=off"))
     avx2 = kernel_build.kernel_build_spec(False, onednn=None)
     assert "-mavx2" not in portable.cflags and "-mavx2" in avx2.cflags
     assert portable.build_dir != avx2.build_dir
-    assert with_avx2.build_dir in (portable.build_dir, avx2.build_dir)  # this machine's is one of the two
+    assert here.build_dir in (portable.build_dir, avx2.build_dir)  # this machine's is one of the two
