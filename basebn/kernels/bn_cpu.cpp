@@ -161,8 +161,13 @@ void stats_rows(const T* x, const Dims& d, float* mean, float* m2) {
         merge_channel_rows(rm.data() + c, rm2.data() + c, d.N, d.C, d.S, mean[c], m2[c]);
 }
 
+// Rows per block of the columns path: a block of up to kColumnBlockElems values (512 KB of float) is swept twice,
+// the second time from L2, and each block costs one Chan merge per column. With 16 K values a 32x960x4x4 input
+// (W = 15 360) got one-row blocks and 491 520 merges: 1.8 ms for its statistics, 0.39 ms now (1 thread here).
+constexpr int64_t kColumnBlockElems = 131072;
+
 int64_t block_rows(int64_t W) {
-    return std::max<int64_t>(1, std::min<int64_t>(256, 16384 / std::max<int64_t>(W, 1)));
+    return std::max<int64_t>(1, std::min<int64_t>(256, kColumnBlockElems / std::max<int64_t>(W, 1)));
 }
 
 template <typename T>

@@ -117,6 +117,7 @@ SHAPES = [
     (3, 1, 6, 6),  # C = 1
     (2, 3, 9, 10),  # S = 90: rows path
     (1, 2, 70, 70),  # S = 4900 > one 4096 chunk: chunk merge
+    (20, 960, 4, 4),  # columns path, C * S = 15 360 columns: blocks of 8, 8 and 4 rows merged per column
 ]
 
 
@@ -225,7 +226,7 @@ def test_mixed_dtypes(backend):
     _close(dx, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("shape", [(16, 3, 16, 16), (4096, 3)], ids=["4D", "2D"])
+@pytest.mark.parametrize("shape", [(16, 3, 16, 16), (4096, 3), (20, 960, 4, 4)], ids=["4D", "2D", "wide-columns"])
 def test_large_mean_offset(backend, shape):
     """1e4 + noise(std 0.1): naive float32 E[x^2] - E[x]^2 is garbage, the stable path is not."""
     rng = np.random.default_rng(8)
