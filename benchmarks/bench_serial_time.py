@@ -128,8 +128,11 @@ def run_model(model, threads, seconds, freq):
             if proc.poll() is not None:
                 raise SystemExit(f"{model}: the runner process exited ({proc.returncode})")
             time.sleep(0.1)
-        subprocess.run(["perf", "record", "-q", "-F", str(freq), "-p", str(proc.pid), "-o", data, "--", "sleep",
-                        str(seconds)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rec = subprocess.run(["perf", "record", "-q", "-F", str(freq), "-p", str(proc.pid), "-o", data, "--",
+                              "sleep", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if rec.returncode != 0:
+            raise SystemExit(f"perf record failed ({rec.stderr.strip().splitlines()[-1:]}): run as root or set "
+                             "kernel.perf_event_paranoid to 1 or less")
         samples, comms = read_samples(data)
     finally:
         open(stop, "w").close()
