@@ -209,31 +209,12 @@ void run_backward(const Geom& g, const float* dy, const float* x, const float* y
 }
 
 // ------------------------------------------------------------------ computes and inference
-// A contiguous float32 view of t: t's memory, or a strided gather into buf.
-// (4-D tensors row by row: a broadcast dy, e.g. F.ones_like's, or a transposed view, at copy speed; the generic
-// gather_strided of strided_copy.h computes every offset from scratch)
+// A contiguous float32 view of t: t's memory, or a strided gather into buf (a broadcast dy, e.g. F.ones_like's,
+// or a transposed view)
 const float* contiguous(const Tensor& t, std::vector<float>& buf) {
     custom_assert(t.dtype().enumv() == custom::DTypeEnum::float32, "max_pool: tensors must be float32, got %s",
                   t.dtype().str().c_str());
-    if (t.is_contiguous())
-        return t.data<float>();
-    if (t.shape().ndim() != 4)
-        return gather_strided(t, buf);
-    const auto sh = t.shape();
-    const auto st = t.stride();
-    buf.resize(t.size());
-    const float* src = t.data<float>();
-    float* dst = buf.data();
-    for (size_t n = 0; n < sh[0]; ++n)
-        for (size_t c = 0; c < sh[1]; ++c)
-            for (size_t h = 0; h < sh[2]; ++h) {
-                const float* row = src + static_cast<int64_t>(n) * st[0] + static_cast<int64_t>(c) * st[1] +
-                                   static_cast<int64_t>(h) * st[2];
-                const int64_t sw = st[3];
-                for (size_t w = 0; w < sh[3]; ++w)
-                    *dst++ = row[static_cast<int64_t>(w) * sw];
-            }
-    return buf.data();
+    return t.is_contiguous() ? t.data<float>() : gather_strided(t, buf);
 }
 
 float* out_ptr(Tensor& t) {

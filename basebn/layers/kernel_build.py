@@ -46,7 +46,7 @@ _CPU_SOURCES = ("bn_ops.cpp", "bn_cpu.cpp", "bn_act_cpu.cpp", "bn_train_cpu.cpp"
 _CUDA_SOURCES = ("bn_cuda.cu", "bn_cuda_launch.cu")  # the MegEngine glue, the standalone launchers
 _CUDA_HEADERS = ("bn_cuda_launch.h", "bn_cuda_kernels.cuh")  # (hashed in CUDA builds only)
 _HEADERS = ("bn_math.h", "bn_kernels.h", "bn_act_kernels.h", "bn_cpu_rows.h", "bn_act_cpu_rows.h", "strided_copy.h",
-            "queued_work.h")
+            "strided_rows.h", "queued_work.h")
 _DNNL_SOURCES = ("conv_dnnl.cpp", "pool_dnnl.cpp", "matmul_dnnl.cpp")  # the conv, max-pool and matmul ops
 _DNNL_HEADERS = ("dnnl_runtime.h", "conv_depthwise_cpu.h")  # (hashed in oneDNN builds only: the BN-only key stays)
 _LIB_NAME = "basebn_bn"

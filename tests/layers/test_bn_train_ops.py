@@ -93,6 +93,39 @@ def test_non_contiguous(backend, force_strided):
             _train((6, 4, 6, 6), act, True, seed=4, make=transposed)
 
 
+@pytest.mark.parametrize("force_strided", [False, True], ids=["as_given", "gather_path"])
+def test_large_transposed_inputs_and_a_broadcast_dy(backend, force_strided):
+    """Inputs over 64 K values, which the gather splits over threads: a transposed view of x with a transposed
+    dy, then a dy broadcast over the spatial dimensions (as the global pool's backward hands it to the last BN
+    layer). Identity activation: no kinks to keep the data away from."""
+    def transposed(a):
+        return mge.tensor(np.ascontiguousarray(a.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
+
+    shape = (8, 12, 33, 31)  # 98 208 values; rows of 31 (not merged with their neighbours once transposed)
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal(shape) * 2 + 1).astype(np.float32)
+    w, b = rng.uniform(0.5, 2.0, 12).astype(np.float32), rng.standard_normal(12).astype(np.float32)
+    x64 = x.astype(np.float64)
+    mean64, invstd64 = x64.mean(axis=(0, 2, 3)), 1.0 / np.sqrt(x64.var(axis=(0, 2, 3)) + EPS)
+    pre = ref_pre(x, mean64, invstd64, w, b, None)
+    count = x.size // shape[1]
+    dy_full = rng.standard_normal(shape).astype(np.float32)
+    dy_bcast = np.ascontiguousarray(np.broadcast_to(dy_full[:, :, :1, :1], shape))
+    dy_views = ((dy_full, transposed(dy_full)),
+                (dy_bcast, mge.functional.broadcast_to(mge.tensor(dy_full[:, :, :1, :1]), shape)))
+    with forced_strided_kernels(force_strided):
+        xt = transposed(x)
+        y, mean, _, invstd = bn_ops.bn_act_train_forward(xt, w, b, EPS, "identity")
+        close(y, pre, 1e-5, "y")
+        close(mean, mean64, 1e-5, "mean")
+        for dy, dyt in dy_views:
+            dx, _, s1, s2 = bn_ops.bn_act_train_backward(dyt, None, xt, mean, invstd, w, b, "identity")
+            r1, r2, rdx, _ = ref_backward(dy, x, mean64, invstd64, w, pre, "identity", count)
+            close(s1, r1, 1e-5 * np.sqrt(count), "sum_dz")
+            close(s2, r2, 1e-5 * np.sqrt(count), "sum_dz_xhat")
+            close(dx, rdx, 1e-5, "dx")
+
+
 def test_without_affine(backend):
     """weight / bias None mean 1 / 0 (the kernel op then takes a placeholder in their slots)."""
     x, _, dy, _, _, _, _, _ = draw_case((4, 4, 6, 6), 8, residual=False)
