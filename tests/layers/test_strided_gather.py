@@ -32,9 +32,9 @@ def harness(tmp_path_factory):
     if shutil.which("g++") is None:
         pytest.skip("no g++")
     exe = tmp_path_factory.mktemp("gather") / "gather_harness"
+    source = os.path.join(ROOT, "tests", "support", "gather_harness.cpp")
     subprocess.run(["g++", "-O2", "-std=c++14", "-Wall", "-Werror", "-fopenmp", "-I",
-                    os.path.join(ROOT, "basebn", "kernels"), os.path.join(ROOT, "tests", "support", "gather_harness.cpp"),
-                    "-o", str(exe)], check=True)
+                    os.path.join(ROOT, "basebn", "kernels"), source, "-o", str(exe)], check=True)
     return exe
 
 
