@@ -1,14 +1,16 @@
 """Where a multi-threaded basebn training step runs on one core: `perf` samples of the OpenMP threads, matched in time.
 
-    .venv/bin/python benchmarks/bench_serial_time.py [--models mbnetv2] [--threads 2] [--seconds 4] [--freq 4999]
+    .venv/bin/python benchmarks/bench_serial_time.py [--models mbnetv2] [--threads 2] [--seconds 4] [--freq 999]
+        [--detail N]
 
 Per model, a process started as basebn.train starts (bench_train_step's ``basebn`` runner) runs steps while
 ``perf record`` samples it (needs perf and permission to attach: root, or kernel.perf_event_paranoid <= 1;
 ``ONEDNN_JIT_PROFILE=2`` names oneDNN's JIT kernels). MegEngine runs its kernels and basebn's ops on its worker
 thread, which is the OpenMP master; the other compute thread is an OpenMP worker. Each sample of the master is
 classed by the OpenMP worker's nearest sample (within half a sampling period): the worker computing (both
-busy), waiting in libgomp or off the CPU (the master runs alone: serial time), or the master itself waiting in
-libgomp while the worker computes (imbalance at a region's end). Printed in ms per step: the serial time by what
+busy), waiting in libgomp (the master runs alone: serial time, by what it runs), off the CPU (preempted by the
+Python thread or the event poller, or asleep after its spin), or the master itself waiting in libgomp while the
+worker computes (imbalance at a region's end). Printed in ms per step: the serial time by what
 the master runs (MegEngine's dispatch and its own kernels, the C library's malloc / free, basebn's code, oneDNN),
 the master waiting at a region's end for a worker that computes (imbalance) or is off the CPU (preempted), the
 master's own time off the CPU (step time minus its samples), and the CPU time of the Python thread and of
@@ -100,7 +102,7 @@ def analyse(threads, comms, steps, freq):
             return "off"
         return "wait" if "libgomp" in threads[omp][best][1] else "busy"
 
-    rows = collections.Counter()
+    rows, symbols = collections.Counter(), collections.Counter()
     for t, dso, sym in threads[master]:
         state = omp_state(t)
         if "libgomp" in dso:
@@ -109,12 +111,16 @@ def analyse(threads, comms, steps, freq):
                   "wait": "master and worker wait in libgomp"}[state]] += 1
         elif state == "busy":
             rows["both compute"] += 1
+        elif state == "off":
+            rows["master computes, worker off the CPU (preempted, or asleep after its spin)"] += 1
         else:
             rows["serial: " + category(dso, sym)] += 1
+            symbols[re.sub(r"\(.*", "", sym)[:70] + " [" + os.path.basename(dso)[:20] + "]"] += 1
     for tid, comm in comms.items():
         if comm in ("interpreter", "CompNodeSync"):
             rows[("Python thread" if comm == "interpreter" else "event poller") + " CPU"] += len(threads[tid])
-    return {k: v * per_sample for k, v in rows.items()}
+    return ({k: v * per_sample for k, v in rows.items()},
+            [(name, n * per_sample) for name, n in symbols.most_common()])
 
 
 def run_model(model, threads, seconds, freq):
@@ -140,7 +146,7 @@ def run_model(model, threads, seconds, freq):
         shutil.rmtree(tmp, ignore_errors=True)
     count, median_ms = [float(v) for v in out.split("@@")[-1].split()]
     steps_in_window = seconds * 1e3 / median_ms
-    return median_ms, analyse(samples, comms, steps_in_window, freq)
+    return (median_ms,) + analyse(samples, comms, steps_in_window, freq)
 
 
 def main():
@@ -148,17 +154,22 @@ def main():
     ap.add_argument("--models", nargs="+", default=["mbnetv2"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=4.0)
-    ap.add_argument("--freq", type=int, default=4999)
+    ap.add_argument("--freq", type=int, default=999)
+    ap.add_argument("--detail", type=int, default=0, help="also list the N symbols with most serial time")
     args = ap.parse_args()
     if shutil.which("perf") is None:
         raise SystemExit("perf is not installed (apt-get install linux-perf)")
     for model in args.models:
-        step_ms, rows = run_model(model, args.threads, args.seconds, args.freq)
+        step_ms, rows, symbols = run_model(model, args.threads, args.seconds, args.freq)
         master_on = sum(ms for name, ms in rows.items() if not name.endswith(" CPU"))
         rows["master off the CPU (waits for Python's next op, or preempted)"] = max(0.0, step_ms - master_on)
         print(f"\n{model}, {args.threads} threads: step median {step_ms:.1f} ms; ms per step (approximate):")
         for name, ms in sorted(rows.items(), key=lambda kv: -kv[1]):
             print(f"  {name:58} {ms:7.1f}")
+        if args.detail:
+            print("  serial time by symbol:")
+            for name, ms in symbols[:args.detail]:
+                print(f"    {name:96} {ms:6.2f}")
 
 
 if __name__ == "__main__":
