@@ -45,7 +45,7 @@ times = []
 while not os.path.exists(stop):
     times.append(runner.step())
 times.sort()
-print(f"@@ {len(times)} {1e3 * times[len(times) // 2]:.1f}")
+print(f"@@ {1e3 * times[len(times) // 2]:.1f}")
 '''
 
 SAMPLE = re.compile(r"\s*(\S+)\s+(\d+)\s+([\d.]+):\s+[0-9a-f]+\s+(.*?)\s+\((.*)\)\s*$")
@@ -144,7 +144,7 @@ def run_model(model, threads, seconds, freq):
         open(stop, "w").close()
         out, _ = proc.communicate(timeout=120)
         shutil.rmtree(tmp, ignore_errors=True)
-    count, median_ms = [float(v) for v in out.split("@@")[-1].split()]
+    median_ms = float(out.split("@@")[-1])
     steps_in_window = seconds * 1e3 / median_ms
     return (median_ms,) + analyse(samples, comms, steps_in_window, freq)
 

@@ -95,9 +95,10 @@ def test_non_contiguous(backend, force_strided):
 
 @pytest.mark.parametrize("force_strided", [False, True], ids=["as_given", "gather_path"])
 def test_large_transposed_inputs_and_a_broadcast_dy(backend, force_strided):
-    """Inputs over 64 K values, which the gather splits over threads: a transposed view of x with a transposed
-    dy, then a dy broadcast over the spatial dimensions (as the global pool's backward hands it to the last BN
-    layer). Identity activation: no kinks to keep the data away from."""
+    """~100 K values: a transposed view of x with a transposed dy, then a dy broadcast over the spatial dimensions,
+    through the one-call train ops against float64. MegEngine 1.13 makes such views contiguous before the ops, so
+    ``gather_path`` copies contiguous tensors; the gather's strided paths: test_strided_gather.py. Identity
+    activation: no kinks to keep the data away from."""
     def transposed(a):
         return mge.tensor(np.ascontiguousarray(a.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
 
