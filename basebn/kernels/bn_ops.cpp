@@ -311,7 +311,8 @@ CUSTOM_OP_REG_END(BasebnBN)
 //   BasebnBnAddActTrainForward  (x, shortcut, weight, bias)              -> (y, mean, m2, invstd)
 //   BasebnBnActTrainBackward    (dy, y, x, mean, invstd, weight, bias)   -> (dx, sum_dz, sum_dz_xhat)
 //   BasebnBnAddActTrainBackward (dy, y, x, mean, invstd, weight, bias)   -> (dx, dshortcut, sum_dz, sum_dz_xhat)
-// Params as the act ops, and eps (forward).
+// Params as the act ops, and eps (forward). Per-channel inputs hold C values in any shape; the backward's sums take
+// the weight slot's shape.
 CUSTOM_OP_REG_BEGIN(BasebnBN)
 
 namespace {
@@ -327,6 +328,14 @@ template <int Like>
 void like_x_then_channels_dtype(const std::vector<DType>& inputs, const Param&, std::vector<DType>& outputs) {
     for (size_t i = 0; i < outputs.size(); ++i)
         outputs[i] = static_cast<int>(i) < Like ? inputs[0] : DType("float32");
+}
+
+// outputs [0, Like) take input 0's shape, the per-channel sums the weight slot's (input 5: C values, e.g. a BN
+// parameter's (1, C, 1, 1), so its gradient needs no reshape op; the mean placeholder's (C,) without a weight)
+template <int Like>
+void like_x_then_weight_shape(const std::vector<Shape>& inputs, const Param&, std::vector<Shape>& outputs) {
+    for (size_t i = 0; i < outputs.size(); ++i)
+        outputs[i] = static_cast<int>(i) < Like ? inputs[0] : inputs[5];
 }
 
 void same_device_all(const std::vector<Device>& inputs, const Param&, std::vector<Device>& outputs) {
@@ -417,7 +426,7 @@ CUSTOM_OP_REG(BasebnBnActTrainBackward)
         .add_output("sum_dz", {"float32"})
         .add_output("sum_dz_xhat", {"float32"})
         BASEBN_TRAIN_BACKWARD_PARAMS
-        .set_shape_infer(like_x_then_channels_shape<1>)
+        .set_shape_infer(like_x_then_weight_shape<1>)
         .set_dtype_infer(like_x_then_channels_dtype<1>);
 
 CUSTOM_OP_REG(BasebnBnAddActTrainBackward)
@@ -428,7 +437,7 @@ CUSTOM_OP_REG(BasebnBnAddActTrainBackward)
         .add_output("sum_dz", {"float32"})
         .add_output("sum_dz_xhat", {"float32"})
         BASEBN_TRAIN_BACKWARD_PARAMS
-        .set_shape_infer(like_x_then_channels_shape<2>)
+        .set_shape_infer(like_x_then_weight_shape<2>)
         .set_dtype_infer(like_x_then_channels_dtype<2>);
 
 #undef BASEBN_TRAIN_FORWARD_REST

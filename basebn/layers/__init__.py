@@ -6,7 +6,7 @@ bn_accumulation -> norm, bn_guard; conv -> conv_ops -> kernel_library (the one c
 max_pool -> conv, pool_ops -> kernel_library (the max-pool ops, built with the conv ops); linear -> conv, conv_ops,
 matmul_ops -> kernel_library (the matmul op, built with them too).
 """
-from .activation import HSigmoid, HSwish, ReLU6, Swish, build_activation  # noqa: F401
+from .activation import HSigmoid, HSwish, PassThrough, ReLU6, Swish, build_activation  # noqa: F401
 from .batch_norm import BatchNorm2d  # noqa: F401
 from .bn_act import BatchNormAct2d, FrozenBatchNormAct2d, SyncBatchNormAct2d, norm_act, with_act  # noqa: F401
 from .batch_renorm import BatchRenorm2d, SyncBatchRenorm, renorm_limits_at, set_renorm_limits  # noqa: F401

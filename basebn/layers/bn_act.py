@@ -17,7 +17,7 @@ import megengine.functional as F
 import megengine.module as M
 from megengine.jit import tracing
 
-from .activation import build_activation
+from .activation import PassThrough, build_activation
 from .batch_norm import BatchNorm2d
 from .bn_act_function import kernel_bn_act_forward
 from .bn_ops import ACTIVATIONS, PRE_GRAD_ACTIVATIONS
@@ -163,12 +163,12 @@ def with_act(norm, act):
 
 def norm_then_act(norm, act, fuse=True):
     """``(norm, act module)`` for a norm followed by activation ``act`` (a name or None): the norm with ``act``
-    fused in and an ``Identity``, or (``fuse`` False, no fused form) the norm as built and
+    fused in and a :class:`.activation.PassThrough` (an ``Identity`` without MegEngine's copy), or (``fuse`` False, no fused form) the norm as built and
     ``build_activation(act)``. A block's last norm fuses only when nothing (SE, drop path) sits between it and
     the residual add; it adds the shortcut then (:func:`norm_act`)."""
     if fuse and isinstance(act, str):
         norm = with_act(norm, act)
-    return (norm, M.Identity()) if has_act(norm) else (norm, build_activation(act))
+    return (norm, PassThrough()) if has_act(norm) else (norm, build_activation(act))
 
 
 def carry_act(src, dst):

@@ -56,7 +56,7 @@ class _ActBackward:
                 dy, y, x, self.mean, self.invstd, self.weight, self.bias, self.act, shortcut_grad=self.residual)
             self.x = self.y = self.weight = self.bias = None
             grads = (dx, ds) if self.residual else (dx,)
-            if self.has_affine:
+            if self.has_affine:  # (the sums have the weight's shape)
                 return grads + (sum_dz_xhat, sum_dz)
             return grads if self.residual else dx
         if has_values(x):
@@ -132,7 +132,7 @@ def kernel_bn_act_forward(bn, inp, act, shortcut=None, sync=False, group=None):
         fn = _BNActEvalFunction(bn.running_mean.reshape(c).detach(), invstd.detach(), act, residual)
         return fn(inp, *extra, *_affine_args(bn, detach=bn.freeze))
     fn = _BNActTrainFunction(bn.eps, sync, group, act, residual)
-    out = fn(inp, *extra, *_affine_args(bn))
+    out = fn(inp, *extra, *_affine_args(bn, flat=sync))
     if bn.training and bn.track_running_stats:
         record_batch(bn, fn.batch_mean, fn.batch_var, fn.count)
     return out

@@ -114,7 +114,7 @@ class _BNTrainFunction(_BNFunction):
             dy = F.zeros(x.shape, dtype=x.dtype)
         dx, _, sum_dy, sum_dy_xhat = bn_ops.bn_act_train_backward(dy, None, x, self.mean, self.invstd, self.weight)
         self.x = self.weight = None  # free the saved input early
-        if self.has_affine:
+        if self.has_affine:  # (the sums have the weight's shape)
             return dx, sum_dy_xhat, sum_dy
         return dx
 
@@ -225,11 +225,17 @@ class _BNEvalFunction(_BNFunction):
         return bn_ops.bn_normalize(dy, _zeros_c(dy.shape[1], dy.device), self.invstd, self.weight, None)
 
 
-def _affine_args(bn, detach=False):
+def _affine_args(bn, detach=False, flat=True):
+    """``(weight, bias)`` of ``bn`` (``()`` without affine): (C,) tensors, or with ``flat=False`` the parameters
+    as they are (MegEngine's (1, C, 1, 1)), for the local training Functions, whose one-call ops read values, not
+    shapes, and give the gradients the weight's shape: two reshapes fewer each way per layer and step."""
     if not bn.affine:
         return ()
-    c = bn.num_features
-    w, b = bn.weight.reshape(c), bn.bias.reshape(c)
+    if flat:
+        c = bn.num_features
+        w, b = bn.weight.reshape(c), bn.bias.reshape(c)
+    else:
+        w, b = bn.weight, bn.bias
     if detach:
         w, b = w.detach(), b.detach()
     return (w, b)
@@ -312,8 +318,9 @@ def kernel_bn_forward(bn, inp, sync=False, group=None, renorm=None):
         if record:
             record_batch(bn, mean, var, bn_ops.channel_count(inp), groups=groups)
         return out
-    fn = _train_function(bn, sync, group, renorm if record else None)
-    out = fn(inp, *_affine_args(bn))
+    renorm = renorm if record else None
+    fn = _train_function(bn, sync, group, renorm)
+    out = fn(inp, *_affine_args(bn, flat=sync or renorm is not None))
     if record:
         record_batch(bn, fn.batch_mean, fn.batch_var, fn.count)
     return out

@@ -117,6 +117,11 @@ def _dnnl_applies(x, *others):
             and conv_backend() == "dnnl")
 
 
+def _shaped(t, shape):
+    """``t`` reshaped to ``shape``; ``t`` itself when it has that shape (a reshape is a dispatched op even then)."""
+    return t if tuple(t.shape) == tuple(shape) else t.reshape(shape)
+
+
 class _DnnlConv2d(Function):
     """conv2d on the oneDNN ops; backward computes only the gradients that are recorded. With ``pass_input``
     the forward returns ``(y, x)``: x again, whose gradient the backward adds to dx inside the data-gradient op."""
@@ -141,16 +146,16 @@ class _DnnlConv2d(Function):
         dx = dw = db = None
         if self.need_dx and self.need_dw:  # one op call: dy reordered once for both
             dx, dw, db = conv_backward(dy, weight, x, geom, with_bias=self.need_db, addend=dx_passed)
-            dw = dw.reshape(weight.shape)
+            dw = _shaped(dw, weight.shape)
         elif self.need_dw:
             dw, db = conv_backward_weights(x, dy, weight.shape[-2:], geom, with_bias=self.need_db)
-            dw = dw.reshape(weight.shape)
+            dw = _shaped(dw, weight.shape)
         else:
             dx = conv_backward_data(dy, weight, self.in_hw, geom, addend=dx_passed) if self.need_dx else None
             db = dy.sum(axis=(0, 2, 3)) if self.need_db else None
         if self.bias_shape is None:
             return dx, dw
-        return dx, dw, (None if db is None else db.reshape(self.bias_shape))
+        return dx, dw, (None if db is None else _shaped(db, self.bias_shape))
 
 
 def _dnnl_conv2d(x, weight, bias, stride, padding, dilation, groups, pass_input=False):

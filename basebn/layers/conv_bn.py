@@ -13,8 +13,8 @@ import warnings
 import numpy as np
 
 import megengine as mge
-import megengine.module as M
 
+from .activation import PassThrough
 from .bn_act import carry_act
 from .conv import FoldedConv2d, fold_weight, folded_conv_supported, is_conv2d, records_grad
 from .conv_bn_pairs import find_conv_bn_pairs
@@ -205,7 +205,7 @@ def fold_conv_bn(conv, bn):
 def fuse_conv_bn(model, example_input=None, pairs=None):
     """Inference copy of `model` (deep copy, eval mode) with each conv -> BN pair folded into the conv.
 
-    The conv gets the folded weight and a bias, the BN is replaced by `M.Identity` (its state-dict
+    The conv gets the folded weight and a bias, the BN is replaced by a :class:`.activation.PassThrough` identity (its state-dict
     keys disappear; the conv gains a `bias` key where it had none), or by a :class:`.bn_act.NormActTail`
     applying the BN's activation when it has one. Pairs as in
     `enable_efficient_conv_bn_eval`. BNs without running statistics are left in place.
@@ -222,5 +222,5 @@ def fuse_conv_bn(model, example_input=None, pairs=None):
         weight, bias = fold_conv_bn(conv, bn)
         conv.weight = mge.Parameter(weight)
         conv.bias = mge.Parameter(bias)
-        set_module(fused, bn_name, carry_act(bn, M.Identity()))  # a BN's activation stays (bn_act)
+        set_module(fused, bn_name, carry_act(bn, PassThrough()))  # a BN's activation stays (bn_act)
     return fused

@@ -13,7 +13,7 @@ import numpy as np
 import megengine as mge
 import megengine.module as M
 
-from ..layers.activation import build_activation
+from ..layers.activation import PassThrough, build_activation
 from ..layers.conv_bn import fold_conv_bn
 from ..layers.conv_norm_act import ConvNormAct, padded_conv
 from ..layers.norm import has_running_stats, is_frozen_bn
@@ -48,7 +48,7 @@ class RepVGGBlock(M.Module):
         self.w_in, self.w_out, self.stride, self.groups = w_in, w_out, stride, groups
         self.nonlinearity = build_activation(act)
         w_se = se_width(w_out, se_r, "floor")
-        self.se = SqueezeExcite(w_out, w_se, act) if w_se > 0 else M.Identity()
+        self.se = SqueezeExcite(w_out, w_se, act) if w_se > 0 else PassThrough()
         self.rbr_reparam = self.rbr_dense = self.rbr_1x1 = self.rbr_identity = None
         if deploy:
             self.rbr_reparam = padded_conv(w_in, w_out, 3, stride=stride, groups=groups, bias=True)

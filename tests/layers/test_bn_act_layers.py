@@ -120,6 +120,40 @@ def _away_from_kinks(pre):
 
 
 # ------------------------------------------------------------------------ single process
+@pytest.mark.parametrize("act,residual", [(None, False), ("relu", False), ("relu", True), ("silu", False)],
+                         ids=["bn", "relu", "add_relu", "silu"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_parameter_gradients_keep_the_parameters_shape(backend, act, residual, training):
+    """The local training Functions take the (1, C, 1, 1) parameters as they are (no reshape ops): the gradients
+    they hand back must still have the parameters' shape (a (C,) gradient broadcasts wrongly in the SGD step:
+    (1, C, 1, 1) with (C,) is (1, C, 1, C)), and their values the float64 reference's; the SGD step then leaves
+    every parameter its shape and moves it by -lr * grad."""
+    from basebn.engine.optimizer import InplaceSGD
+    shape = (4, 5, 3, 3)
+    x, s, g, w, b = _data(shape, seed=11)
+    s = s if residual else None
+    layer = _layer(BatchNormAct2d, w, b, act or "identity", training=training)
+    if act is None:  # plain BatchNorm2d: the same tensors, the class without an activation
+        layer.__class__ = BatchNorm2d
+    stats = (None, None) if training else (layer.running_mean.numpy().reshape(-1),
+                                           layer.running_var.numpy().reshape(-1))
+    ref = bn_act_ref(x, s, g, w, b, act or "identity", *stats)
+    xt, st = mge.tensor(x), None if s is None else mge.tensor(s)
+    gm = GradManager().attach([layer.weight, layer.bias, xt])
+    with gm:
+        y = layer(xt) if st is None else layer(xt, st)
+        gm.backward((y * mge.tensor(g)).sum())
+    for p, want in ((layer.weight, ref[3]), (layer.bias, ref[4])):
+        assert tuple(p.grad.shape) == (1, shape[1], 1, 1)
+        close(p.grad.numpy().reshape(-1), want)
+    old = [p.numpy() for p in (layer.weight, layer.bias)]
+    grads = [p.grad.numpy() for p in (layer.weight, layer.bias)]
+    InplaceSGD([layer.weight, layer.bias], lr=0.5, momentum=0.9).step()
+    for p, p0, g0 in zip((layer.weight, layer.bias), old, grads):
+        assert tuple(p.shape) == (1, shape[1], 1, 1)
+        close(p.numpy(), p0 - 0.5 * g0)
+
+
 @pytest.mark.parametrize("cls", [BatchNormAct2d, SyncBatchNormAct2d])
 @pytest.mark.parametrize("act", ["relu", "relu6", "identity", "silu", "hswish"])
 @pytest.mark.parametrize("residual", [False, True], ids=["act", "add_act"])
@@ -313,6 +347,26 @@ def test_mpi_fused_sync_bn_matches_single_process(tmp_path, sizes):
             np.testing.assert_array_equal(out[f"counts{step}"], [1, 1])
         close(sum(o[f"dw{step}"] for o in outs), dw)  # per-rank shares add up to the whole batch's
         close(sum(o[f"db{step}"] for o in outs), db)
+
+
+def test_fused_activation_slot_runs_no_op():
+    """The activation slot a fused layer leaves empty returns its input itself (MegEngine's Identity runs a Copy op
+    forward and backward), is still an ``M.Identity``, and gradients pass through it unchanged."""
+    import megengine.module as M
+    from basebn.layers import PassThrough
+    from basebn.layers.activation import build_activation
+    from basebn.layers.bn_act import norm_then_act
+    norm, act = norm_then_act(BatchNorm2d(3), "relu")
+    assert norm.act == "relu" and isinstance(act, PassThrough) and isinstance(act, M.Identity)
+    assert isinstance(build_activation(None), PassThrough)
+    x = mge.tensor(np.arange(6, dtype=np.float32))
+    assert act(x) is x
+    gm = GradManager().attach([x])
+    with gm:
+        gm.backward((act(x) * 3.0).sum())
+    np.testing.assert_array_equal(x.grad.numpy(), np.full(6, 3.0, np.float32))
+    _, unfused = norm_then_act(BatchNorm2d(3), "gelu")
+    assert not isinstance(unfused, M.Identity)
 
 
 def test_swish_alias_fuses_as_silu():

@@ -142,6 +142,30 @@ def test_without_affine(backend):
     close(s1, r1, 1e-4, "sum_dz")
 
 
+@pytest.mark.parametrize("shape,affine_shape", [((4, 4, 6, 6), (1, 4, 1, 1)), ((6, 4), (1, 4))], ids=["4d", "2d"])
+def test_parameter_shaped_affine(backend, shape, affine_shape):
+    """weight / bias given in a BN parameter's shape (as the layers pass them, without a reshape op): the same y
+    and statistics as from (C,) vectors, against float64, and the sums (the parameters' gradients) in that shape;
+    without a weight the sums stay (C,)."""
+    x, _, dy, _, _, w, b, _ = draw_case(shape, 21, residual=False)
+    x64 = x.astype(np.float64)
+    axes = _axes(x)
+    mean64, invstd64 = x64.mean(axis=axes), 1.0 / np.sqrt(x64.var(axis=axes) + EPS)
+    pre = ref_pre(x, mean64, invstd64, w, b, None)
+    wt, bt = (mge.tensor(np.asarray(v, np.float32).reshape(affine_shape)) for v in (w, b))
+    xt, gt = mge.tensor(x), mge.tensor(dy)
+    y, mean, _, invstd = bn_ops.bn_act_train_forward(xt, wt, bt, EPS, "relu")
+    close(y, act_ref(pre, "relu"), 1e-5, "y")
+    dx, _, s1, s2 = bn_ops.bn_act_train_backward(gt, y, xt, mean, invstd, wt, bt, "relu")
+    r1, r2, rdx, _ = ref_backward(dy, x, mean64, invstd64, w, pre, "relu", x.size // shape[1])
+    assert tuple(s1.shape) == affine_shape and tuple(s2.shape) == affine_shape
+    close(s1.numpy().reshape(-1), r1, 1e-4, "sum_dz")
+    close(s2.numpy().reshape(-1), r2, 1e-4, "sum_dz_xhat")
+    close(dx, rdx, 1e-5, "dx")
+    flat = bn_ops.bn_act_train_backward(gt, y, xt, mean, invstd, None, None, "relu")
+    assert tuple(flat[2].shape) == (shape[1],) and tuple(flat[3].shape) == (shape[1],)
+
+
 @pytest.fixture
 def kernels():
     if not kernel_library.kernel_available():

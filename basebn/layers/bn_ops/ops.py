@@ -33,6 +33,15 @@ def _per_channel(v, c):
     return v
 
 
+def _channel_values(v, c):
+    """A per-channel input of the one-call training ops: ``v`` as it is when it is a float32 tensor of ``c`` values
+    in any shape (the CPU kernels read values, not shapes: a BN parameter's (1, C, 1, 1) needs no reshape op),
+    else :func:`_per_channel`'s (C,) tensor."""
+    if isinstance(v, mge.Tensor) and v.dtype == np.float32 and math.prod(v.shape) == c:
+        return v
+    return _per_channel(v, c)
+
+
 def _same_dtype(dy, x):
     """The kernels take one input dtype: float32 for both when dy and x differ."""
     if dy.dtype == x.dtype:
@@ -219,7 +228,8 @@ def _check_count(count, x):
 
 def bn_act_train_forward(x, weight=None, bias=None, eps=1e-5, act="identity", shortcut=None):
     """Local batch-statistics BN -> act [+ shortcut]: ``(y, mean, m2, invstd)``, float32 (C,) statistics with
-    ``invstd = 1 / sqrt(m2 / count + eps)`` (count = :func:`channel_count`, > 1).
+    ``invstd = 1 / sqrt(m2 / count + eps)`` (count = :func:`channel_count`, > 1). ``weight`` / ``bias``: C values
+    in any shape (a BN parameter's (1, C, 1, 1) as it is).
 
     The values of :func:`bn_stats` then :func:`bn_act_normalize`. On CPU one kernel call that finishes each channel
     before the next (its second pass reads the channel from cache); on GPU and in the fallback those ops in turn.
@@ -227,7 +237,7 @@ def bn_act_train_forward(x, weight=None, bias=None, eps=1e-5, act="identity", sh
     x, shortcut = _checked_input(x, shortcut, act)
     _check_count(channel_count(x), x)
     c = x.shape[1]
-    weight, bias = _per_channel(weight, c), _per_channel(bias, c)
+    weight, bias = _channel_values(weight, c), _channel_values(bias, c)
     if backend() == "kernel" and kernel.ready_on_cpu(x, shortcut, weight, bias):
         return kernel.act_train_forward(x, shortcut, weight, bias, float(eps), act)
     mean, m2 = bn_stats(x)
@@ -237,11 +247,12 @@ def bn_act_train_forward(x, weight=None, bias=None, eps=1e-5, act="identity", sh
 
 def bn_act_train_backward(dy, y, x, mean, invstd, weight=None, bias=None, act="identity", shortcut_grad=False):
     """The backward of :func:`bn_act_train_forward`: ``(dx, dshortcut or None, sum_dz, sum_dz_xhat)`` in dy's dtype
-    (the sums = dbias, dweight), as :func:`bn_act_backward_reduce` then :func:`bn_act_backward_elemt` with the
-    local count; ``y`` and ``bias`` as there. On CPU one kernel call, channel by channel."""
+    (the sums = dbias, dweight, float32 in ``weight``'s shape, (C,) without one), as :func:`bn_act_backward_reduce`
+    then :func:`bn_act_backward_elemt` with the local count; ``y`` and ``bias`` as there. On CPU one kernel call,
+    channel by channel."""
     _check_backward(dy, y, x, act)
     c = x.shape[1]
-    mean, invstd, weight, bias = (_per_channel(v, c) for v in (mean, invstd, weight, bias))
+    mean, invstd, weight, bias = (_channel_values(v, c) for v in (mean, invstd, weight, bias))
     if backend() == "kernel":
         out_dtype = dy.dtype
         dy, y, x = _one_dtype(dy, y, x)
@@ -252,6 +263,8 @@ def bn_act_train_backward(dy, y, x, mean, invstd, weight=None, bias=None, act="i
     s1, s2 = bn_act_backward_reduce(dy, y, x, mean, invstd, act, weight, bias)
     grads = bn_act_backward_elemt(dy, y, x, mean, invstd, weight, s1, s2, channel_count(x), act, shortcut_grad, bias)
     dx, ds = grads if shortcut_grad else (grads, None)
+    if weight is not None and tuple(weight.shape) != (c,):  # the kernel's shape for the sums
+        s1, s2 = s1.reshape(weight.shape), s2.reshape(weight.shape)
     return dx, ds, s1, s2
 
 
