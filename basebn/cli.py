@@ -97,15 +97,13 @@ def _raise_terminated(owner_pid):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
-        interrupts.note(Terminated)  # raised again by the trainer if a finalizer swallows this one
-        raise Terminated()
+        interrupts.interrupt(Terminated)  # noted: raised again by the trainer if a finalizer swallows this one
     return handler
 
 
 def _raise_interrupt(signum, frame):
     """Python's own Ctrl-C handler, plus a note the trainer raises again if a finalizer swallows the exception."""
-    interrupts.note(KeyboardInterrupt)
-    raise KeyboardInterrupt
+    interrupts.interrupt(KeyboardInterrupt)
 
 
 def _install_signal_handlers():

@@ -21,6 +21,7 @@ import zlib
 import numpy as np
 
 from ..utils.fs import atomic_write_bytes
+from ..utils.interrupts import deferred
 from .errors import CheckpointError
 
 __all__ = ["META", "CHECKSUM", "ZIP_MAGIC", "write_container", "read_container", "content_sha256", "sniff",
@@ -57,9 +58,10 @@ def write_container(path, arrays, meta):
         entries[name] = a
     entries[META] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
     entries[CHECKSUM] = np.frombuffer(content_sha256(entries).encode("ascii"), dtype=np.uint8)
-    buf = io.BytesIO()
-    np.savez(buf, **entries)
-    atomic_write_bytes(path, buf.getvalue())
+    with deferred():  # a Ctrl-C / SIGTERM ends the run after the write, not inside np.savez
+        buf = io.BytesIO()
+        np.savez(buf, **entries)
+        atomic_write_bytes(path, buf.getvalue())
 
 
 def sniff(path):

@@ -48,6 +48,15 @@ void act_train_backward(const custom::Tensor& dy, const custom::Tensor& y, const
                         custom::Tensor& sum_dz, custom::Tensor& sum_dz_xhat, bool force_strided);
 }  // namespace cpu
 
+namespace running {
+// The guarded running-statistics update (bn_running_cpu.cpp) of C channels from the batch's mean and unbiased
+// variance: running' = running * keep + batch * (1 - keep) when every batch value is finite, else running' =
+// running and bad' = bad + 1.
+void update(const custom::Tensor& running_mean, const custom::Tensor& running_var, const float* mean,
+            const float* var, const custom::Tensor& bad, double keep, custom::Tensor& running_mean_out,
+            custom::Tensor& running_var_out, custom::Tensor& bad_out);
+}  // namespace running
+
 #ifdef BASEBN_WITH_CUDA
 namespace cuda {
 BASEBN_DECLARE_BN_ACT_KERNELS

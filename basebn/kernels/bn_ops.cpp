@@ -311,6 +311,8 @@ CUSTOM_OP_REG_END(BasebnBN)
 //   BasebnBnAddActTrainForward  (x, shortcut, weight, bias)              -> (y, mean, m2, invstd)
 //   BasebnBnActTrainBackward    (dy, y, x, mean, invstd, weight, bias)   -> (dx, sum_dz, sum_dz_xhat)
 //   BasebnBnAddActTrainBackward (dy, y, x, mean, invstd, weight, bias)   -> (dx, dshortcut, sum_dz, sum_dz_xhat)
+//   BasebnBn[Add]ActTrainForwardUpdate: the forward, + inputs (running_mean, running_var, bad), + their new values
+//                                       as outputs, + param keep (bn_guard's guarded update, in the same call)
 // Params as the act ops, and eps (forward). Per-channel inputs hold C values in any shape; the backward's sums take
 // the weight slot's shape.
 CUSTOM_OP_REG_BEGIN(BasebnBN)
@@ -360,6 +362,41 @@ void cpu_add_act_train_forward(const std::vector<Tensor>& in, const Param& p, st
     basebn::cpu::act_train_forward(in[0], &in[1], slot(in, p, "has_weight", 2), slot(in, p, "has_bias", 3),
                                    p["eps"].as<double>(), p["act"].as<int32_t>(), out[0], out[1], out[2], out[3],
                                    p["force_strided"].as<bool>());
+}
+
+// The train forward, then the running-statistics update (bn_running_cpu.cpp) from its mean and the unbiased variance
+// m2 * float(1 / (count - 1)), rounded as the Python side's float32 product: inputs after x [, shortcut], weight and
+// bias are running_mean, running_var, bad; outputs after y, mean, m2, invstd are their new values.
+template <bool Add>
+void cpu_act_train_forward_update(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
+    constexpr size_t o = Add ? 1 : 0;
+    basebn::cpu::act_train_forward(in[0], Add ? &in[1] : nullptr, slot(in, p, "has_weight", 1 + o),
+                                   slot(in, p, "has_bias", 2 + o), p["eps"].as<double>(), p["act"].as<int32_t>(),
+                                   out[0], out[1], out[2], out[3], p["force_strided"].as<bool>());
+    const basebn::Dims d = basebn::dims_of(in[0]);
+    const float scale = static_cast<float>(1.0 / (static_cast<double>(d.N * d.S) - 1.0));
+    const float* m2 = out[2].data<float>();
+    std::vector<float> var(static_cast<size_t>(d.C));
+    for (int64_t c = 0; c < d.C; ++c)
+        var[c] = m2[c] * scale;
+    basebn::running::update(in[3 + o], in[4 + o], out[1].data<float>(), var.data(), in[5 + o], p["keep"].as<double>(),
+                            out[4], out[5], out[6]);
+}
+
+// y like x; mean, m2, invstd (C,); the running statistics' new values in their shapes; bad' (1,)
+template <size_t RunningAt>
+void train_forward_update_shape(const std::vector<Shape>& inputs, const Param&, std::vector<Shape>& outputs) {
+    outputs[0] = inputs[0];
+    outputs[1] = outputs[2] = outputs[3] = Shape({inputs[0][1]});
+    outputs[4] = inputs[RunningAt];
+    outputs[5] = inputs[RunningAt + 1];
+    outputs[6] = Shape({1});
+}
+
+void train_forward_update_dtype(const std::vector<DType>& inputs, const Param&, std::vector<DType>& outputs) {
+    outputs.assign(outputs.size(), DType("float32"));
+    outputs[0] = inputs[0];
+    outputs[6] = DType("int32");
 }
 
 void cpu_act_train_backward(const std::vector<Tensor>& in, const Param& p, std::vector<Tensor>& out) {
@@ -440,7 +477,46 @@ CUSTOM_OP_REG(BasebnBnAddActTrainBackward)
         .set_shape_infer(like_x_then_weight_shape<2>)
         .set_dtype_infer(like_x_then_channels_dtype<2>);
 
+#define BASEBN_TRAIN_FORWARD_UPDATE_REST                        \
+    .add_input("weight", {"float32"})                           \
+            .add_input("bias", {"float32"})                     \
+            .add_input("running_mean", {"float32"})             \
+            .add_input("running_var", {"float32"})              \
+            .add_input("bad", {"int32"})                        \
+            .add_output("y", BASEBN_FLOATS)                     \
+            .add_output("mean", {"float32"})                    \
+            .add_output("m2", {"float32"})                      \
+            .add_output("invstd", {"float32"})                  \
+            .add_output("running_mean_out", {"float32"})        \
+            .add_output("running_var_out", {"float32"})         \
+            .add_output("bad_out", {"int32"})                   \
+            .add_param("has_weight", false)                     \
+            .add_param("has_bias", false)                       \
+            .add_param("eps", 1e-5)                             \
+            .add_param("act", 0)                                \
+            .add_param("keep", 0.9)                             \
+            .add_param("force_strided", false)                  \
+            .set_device_infer(same_device_all)                  \
+            .set_format_infer(same_format_all)                  \
+            .set_dtype_infer(train_forward_update_dtype)
+
+CUSTOM_OP_REG(BasebnBnActTrainForwardUpdate)
+        .set_description("basebn: BasebnBnActTrainForward and the guarded running-statistics update in one call")
+        .add_input("x", BASEBN_FLOATS)
+        BASEBN_TRAIN_FORWARD_UPDATE_REST
+        .set_shape_infer(train_forward_update_shape<3>)
+        .set_compute("x86", cpu_act_train_forward_update<false>);
+
+CUSTOM_OP_REG(BasebnBnAddActTrainForwardUpdate)
+        .set_description("basebn: BasebnBnAddActTrainForward and the guarded running-statistics update in one call")
+        .add_input("x", BASEBN_FLOATS)
+        .add_input("shortcut", BASEBN_FLOATS)
+        BASEBN_TRAIN_FORWARD_UPDATE_REST
+        .set_shape_infer(train_forward_update_shape<4>)
+        .set_compute("x86", cpu_act_train_forward_update<true>);
+
 #undef BASEBN_TRAIN_FORWARD_REST
+#undef BASEBN_TRAIN_FORWARD_UPDATE_REST
 #undef BASEBN_TRAIN_BACKWARD_INPUTS
 #undef BASEBN_TRAIN_BACKWARD_PARAMS
 

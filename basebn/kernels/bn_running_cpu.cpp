@@ -8,11 +8,13 @@
 // from the double param, as MegEngine makes them from Python floats; x86-64 without -mfma contracts no FMA, so the
 // bits are the fallback's; GCC on aarch64 may fuse a product and the sum, an ulp apart there). Otherwise
 // running' = running, bit for bit, and bad' = bad + 1 (int32, shape (1,)).
-// It replaces ~20 MegEngine ops per layer and step (~0.6 ms of dispatch on this machine) with one.
+// It replaces ~20 MegEngine ops per layer and step (~0.6 ms of dispatch on this machine) with one; a local layer's
+// training op (BasebnBn[Add]ActTrainForwardUpdate, bn_ops.cpp) calls `update` itself, saving that one too.
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "bn_act_kernels.h"
 #include "megbrain/custom/custom.h"
 #include "queued_work.h"
 #include "strided_copy.h"
@@ -24,26 +26,21 @@ using custom::Param;
 using custom::Shape;
 using custom::Tensor;
 
-void compute(const std::vector<Tensor>& in, const Param& params, std::vector<Tensor>& out) {
-    wait_for_queued_work();
-    const size_t c = in[0].size();
-    for (int i = 1; i < 4; ++i) {
-        custom_assert(in[i].size() == c, "running update: input %d has %zu values, running_mean %zu", i,
-                      in[i].size(), c);
-    }
-    custom_assert(in[4].size() == 1, "running update: bad count must have one value, got %zu", in[4].size());
-    std::vector<float> rm(c), rv(c), m(c), v(c);
-    gather_strided(in[0], rm);
-    gather_strided(in[1], rv);
-    gather_strided(in[2], m);
-    gather_strided(in[3], v);
+void update(const Tensor& running_mean, const Tensor& running_var, const float* m, const float* v, const Tensor& bad_in,
+            double keep, Tensor& running_mean_out, Tensor& running_var_out, Tensor& bad_out) {
+    const size_t c = running_mean.size();
+    custom_assert(running_var.size() == c, "running update: running_var has %zu values, running_mean %zu",
+                  running_var.size(), c);
+    custom_assert(bad_in.size() == 1, "running update: bad count must have one value, got %zu", bad_in.size());
+    std::vector<float> rm(c), rv(c);
+    gather_strided(running_mean, rm);
+    gather_strided(running_var, rv);
     bool ok = true;
     for (size_t i = 0; i < c; ++i)
         ok = ok && std::isfinite(m[i]) && std::isfinite(v[i]);
-    const double keep = params["keep"].as<double>();
     const float k = static_cast<float>(keep), k1 = static_cast<float>(1.0 - keep);
-    float* out_m = out[0].data<float>();
-    float* out_v = out[1].data<float>();
+    float* out_m = running_mean_out.data<float>();
+    float* out_v = running_var_out.data<float>();
     for (size_t i = 0; i < c; ++i) {
         if (ok) {
             const float a = rm[i] * k, b = m[i] * k1;
@@ -56,8 +53,21 @@ void compute(const std::vector<Tensor>& in, const Param& params, std::vector<Ten
         }
     }
     std::vector<int32_t> bad(1);
-    gather_strided(in[4], bad);
-    out[2].data<int32_t>()[0] = bad[0] + (ok ? 0 : 1);
+    gather_strided(bad_in, bad);
+    bad_out.data<int32_t>()[0] = bad[0] + (ok ? 0 : 1);
+}
+
+void compute(const std::vector<Tensor>& in, const Param& params, std::vector<Tensor>& out) {
+    wait_for_queued_work();
+    const size_t c = in[0].size();
+    for (int i = 2; i < 4; ++i) {
+        custom_assert(in[i].size() == c, "running update: input %d has %zu values, running_mean %zu", i,
+                      in[i].size(), c);
+    }
+    std::vector<float> m(c), v(c);
+    gather_strided(in[2], m);
+    gather_strided(in[3], v);
+    update(in[0], in[1], m.data(), v.data(), in[4], params["keep"].as<double>(), out[0], out[1], out[2]);
 }
 
 void shape_infer(const std::vector<Shape>& in, const Param&, std::vector<Shape>& out) {

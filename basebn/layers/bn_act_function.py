@@ -14,8 +14,7 @@ from megengine.autodiff import Function
 
 from .. import distributed as dist
 from . import bn_ops
-from .bn_function import _affine_args, _BNTrainFunction, _empty_like, _zeros_c
-from .bn_guard import record_batch
+from .bn_function import _affine_args, _BNTrainFunction, _empty_like, _prepare_record, _record, _zeros_c
 from .kernel_library import has_values
 
 __all__ = ["kernel_bn_act_forward"]
@@ -120,7 +119,7 @@ def kernel_bn_act_forward(bn, inp, act, shortcut=None, sync=False, group=None):
 
     As :func:`.bn_function.kernel_bn_forward`: running statistics in eval / ``freeze`` (affine detached
     with ``freeze``), else batch statistics (over the ranks of ``group`` when ``sync``), recorded through
-    :func:`.bn_guard.record_batch` in training. Ghost BN and Batch Renormalization are not fused (the layer
+    :func:`.bn_guard.record_batch` in training (or, for a local layer, updated inside its training op). Ghost BN and Batch Renormalization are not fused (the layer
     runs them unfused).
     """
     if not bn._track_running_stats_saved and bn.track_running_stats:
@@ -132,7 +131,9 @@ def kernel_bn_act_forward(bn, inp, act, shortcut=None, sync=False, group=None):
         fn = _BNActEvalFunction(bn.running_mean.reshape(c).detach(), invstd.detach(), act, residual)
         return fn(inp, *extra, *_affine_args(bn, detach=bn.freeze))
     fn = _BNActTrainFunction(bn.eps, sync, group, act, residual)
+    record = bn.training and bn.track_running_stats
+    _prepare_record(fn, bn, record, local=not sync)
     out = fn(inp, *extra, *_affine_args(bn, flat=sync))
-    if bn.training and bn.track_running_stats:
-        record_batch(bn, fn.batch_mean, fn.batch_var, fn.count)
+    if record:
+        _record(fn, bn)
     return out

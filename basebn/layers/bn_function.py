@@ -15,7 +15,7 @@ from megengine.autodiff import Function
 
 from .. import distributed as dist
 from . import bn_ops
-from .bn_guard import record_batch
+from .bn_guard import in_op_update_args, record_batch, store_in_op_update
 from .kernel_library import has_values
 from .moments import Moments, merge_all
 
@@ -85,6 +85,9 @@ class _BNTrainFunction(_BNFunction):
         self.sync = sync
         self.group = group
         self.one_call = False  # the local forward and backward each in one op (bn_ops.bn_act_train_*)
+        # set before the call: (running_mean, running_var, bad, keep) to update in the local forward's op, whose
+        # new values are then running_out (bn_guard.in_op_update_args / store_in_op_update)
+        self.running = self.running_out = None
 
     def forward(self, x, weight=None, bias=None):
         if not self.sync:
@@ -101,8 +104,14 @@ class _BNTrainFunction(_BNFunction):
         self.local_count = bn_ops.channel_count(x)
         self._check_count(self.local_count, x)
         self.count = float(self.local_count)
-        y, self.mean, m2, self.invstd = bn_ops.bn_act_train_forward(x, weight, bias, self.eps, act, shortcut)
-        self.batch_mean, self.batch_var = self.mean, m2 * (1.0 / (self.count - 1.0))
+        if self.running is not None:
+            y, self.mean, m2, self.invstd, *running_out = bn_ops.bn_act_train_forward_update(
+                x, weight, bias, self.eps, act, shortcut, *self.running)
+            self.running_out = tuple(running_out)
+            self.batch_mean = self.batch_var = None  # (recorded in the op)
+        else:
+            y, self.mean, m2, self.invstd = bn_ops.bn_act_train_forward(x, weight, bias, self.eps, act, shortcut)
+            self.batch_mean, self.batch_var = self.mean, m2 * (1.0 / (self.count - 1.0))
         self.one_call = True
         return y
 
@@ -241,6 +250,21 @@ def _affine_args(bn, detach=False, flat=True):
     return (w, b)
 
 
+def _prepare_record(fn, bn, record, local):
+    """Before a training call of ``fn``: where the batch is recorded and the forward is local (one op), the running
+    statistics are updated inside that op (unless :func:`.bn_guard.in_op_update_args` says otherwise)."""
+    if record and local:
+        fn.running = in_op_update_args(bn)
+
+
+def _record(fn, bn):
+    """After a training call of ``fn`` that records its batch: the update the op made, or :func:`record_batch`."""
+    if fn.running_out is not None:
+        store_in_op_update(bn, *fn.running_out)
+    else:
+        record_batch(bn, fn.batch_mean, fn.batch_var, fn.count)
+
+
 def _train_function(bn, sync, group, renorm):
     if renorm is None:
         return _BNTrainFunction(bn.eps, sync, group)
@@ -320,7 +344,8 @@ def kernel_bn_forward(bn, inp, sync=False, group=None, renorm=None):
         return out
     renorm = renorm if record else None
     fn = _train_function(bn, sync, group, renorm)
+    _prepare_record(fn, bn, record, local=not sync and renorm is None)
     out = fn(inp, *_affine_args(bn, flat=sync or renorm is not None))
     if record:
-        record_batch(bn, fn.batch_mean, fn.batch_var, fn.count)
+        _record(fn, bn)
     return out

@@ -5,7 +5,9 @@ snapshots for rolling a step back, and the hand-off to an active accumulation (:
 batch's statistics. A batch whose mean or variance holds a NaN or inf leaves the layer's buffers unchanged
 (decided on the device by :func:`.bn_ops.bn_running_update`: no host copy with a momentum) and adds one to the
 layer's non-finite count, read and cleared by :func:`take_nonfinite_counts`. The counter lives in a plain holder
-object, never a Tensor attribute, so state dicts gain no key.
+object, never a Tensor attribute, so state dicts gain no key. A local layer's training op can make the same update
+itself (:func:`in_op_update_args` says when; :func:`store_in_op_update` stores what it made): one op per layer
+and step fewer, the same bits.
 """
 import numpy as np
 
@@ -14,8 +16,8 @@ import megengine.functional as F
 
 from . import bn_ops
 
-__all__ = ["record_batch", "apply_running_update", "take_nonfinite_counts", "snapshot_running_stats",
-           "restore_running_stats"]
+__all__ = ["record_batch", "apply_running_update", "in_op_update_args", "store_in_op_update", "take_nonfinite_counts",
+           "snapshot_running_stats", "restore_running_stats"]
 
 
 class _Counter:
@@ -33,6 +35,38 @@ def _counter(bn):
     return holder
 
 
+def _bad_count(bn):
+    """The layer's device count of non-finite batches (created at zero)."""
+    holder = _counter(bn)
+    if holder.value is None:
+        holder.value = mge.tensor(np.zeros(1, np.int32), device=bn.running_mean.device)
+    return holder.value
+
+
+def _store(bn, new_mean, new_var, new_bad, counted):
+    """The buffers' new values, the new non-finite count, and one more tracked batch when it ``counted``."""
+    bn.running_mean[...] = new_mean.detach()
+    bn.running_var[...] = new_var.detach()
+    _counter(bn).value = new_bad
+    if counted:
+        bn.num_batches_tracked = getattr(bn, "num_batches_tracked", 0) + 1
+
+
+def in_op_update_args(bn):
+    """``(running_mean, running_var, bad, keep)`` for :func:`apply_running_update`'s update done inside the training
+    op itself (:func:`.bn_ops.bn_act_train_forward_update`, then :func:`store_in_op_update`), or None where the batch
+    must go through :func:`record_batch`: an active accumulation, or ``momentum=None`` (its cumulative average reads
+    on the host whether the batch counted)."""
+    if bn.__dict__.get("_bn_stats_sink") is not None or bn.momentum is None:
+        return None
+    return bn.running_mean, bn.running_var, _bad_count(bn), float(bn.momentum)
+
+
+def store_in_op_update(bn, new_mean, new_var, new_bad):
+    """What :func:`apply_running_update` stores, from the outputs of an update done in the training op."""
+    _store(bn, new_mean, new_var, new_bad, counted=True)
+
+
 def apply_running_update(bn, mean, var):
     """``running = keep * running + (1 - keep) * batch`` unless `mean`/`var` hold a non-finite value.
 
@@ -44,16 +78,10 @@ def apply_running_update(bn, mean, var):
     tracked = getattr(bn, "num_batches_tracked", 0)
     cumulative = bn.momentum is None
     keep = 1.0 - 1.0 / (tracked + 1) if cumulative else float(bn.momentum)
-    holder = _counter(bn)
-    bad = holder.value
-    if bad is None:
-        bad = mge.tensor(np.zeros(1, np.int32), device=bn.running_mean.device)
-    new_mean, new_var, holder.value = bn_ops.bn_running_update(bn.running_mean, bn.running_var, mean, var, keep, bad)
-    bn.running_mean[...] = new_mean.detach()
-    bn.running_var[...] = new_var.detach()
-    if cumulative and bool((holder.value != bad).item()):  # non-finite: not one of the averaged batches
-        return
-    bn.num_batches_tracked = tracked + 1
+    bad = _bad_count(bn)
+    new_mean, new_var, new_bad = bn_ops.bn_running_update(bn.running_mean, bn.running_var, mean, var, keep, bad)
+    # (cumulative: a non-finite batch is not one of the averaged batches)
+    _store(bn, new_mean, new_var, new_bad, counted=not (cumulative and bool((new_bad != bad).item())))
 
 
 def record_batch(bn, mean, var, count, groups=None):

@@ -126,3 +126,68 @@ def test_the_cumulative_average_skips_non_finite_batches(backend):
     np.testing.assert_array_equal(bn.running_mean.numpy().reshape(-1), want_m)
     np.testing.assert_array_equal(bn.running_var.numpy().reshape(-1), want_v)
     assert bn.num_batches_tracked == 2 and counts == {"BatchNorm2d": 1}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("act,residual", [("identity", False), ("relu6", False), ("relu", True)])
+@pytest.mark.parametrize("finite", [True, False], ids=["finite", "nan_in_x"])
+def test_the_training_op_updates_as_the_separate_update_does(backend, act, residual, finite):
+    """bn_act_train_forward_update (the batch statistics, y and the guarded running update in one op on CPU) gives
+    the bits of bn_act_train_forward, the float32 unbiased variance and bn_running_update in turn; its running
+    values match numpy's float64 batch statistics; a NaN in x keeps the buffers and counts the batch."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 5, 3, 3)).astype(np.float32) * 2 + 1
+    if not finite:
+        x[2, 1, 0, 0] = np.nan
+    s = rng.standard_normal(x.shape).astype(np.float32) if residual else None
+    w, b = (rng.standard_normal((1, 5, 1, 1)).astype(np.float32) for _ in range(2))
+    rm, rv = rng.standard_normal((1, 5, 1, 1)).astype(np.float32), rng.random((1, 5, 1, 1)).astype(np.float32) + 0.5
+    st = None if s is None else _t(s)
+    with bn_ops.use_backend(backend):
+        got = bn_ops.bn_act_train_forward_update(_t(x), _t(w), _t(b), 1e-5, act, st, _t(rm), _t(rv),
+                                                 _t(np.array([2], np.int32)), 0.9)
+        y, mean, m2, invstd = bn_ops.bn_act_train_forward(_t(x), _t(w), _t(b), 1e-5, act, st)
+        var = m2 * (1.0 / (x.size // 5 - 1.0))
+        want = (y, mean, m2, invstd) + bn_ops.bn_running_update(_t(rm), _t(rv), mean, var, 0.9,
+                                                               _t(np.array([2], np.int32)))
+    assert len(got) == 7 and tuple(got[4].shape) == tuple(got[5].shape) == (1, 5, 1, 1)
+    for a, e in zip(got, want):
+        np.testing.assert_array_equal(a.numpy(), e.numpy())
+    if finite:
+        x64 = x.astype(np.float64)
+        m64, v64 = x64.mean(axis=(0, 2, 3)), x64.var(axis=(0, 2, 3), ddof=1)
+        np.testing.assert_allclose(got[4].numpy().reshape(-1), 0.9 * rm.reshape(-1) + 0.1 * m64, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[5].numpy().reshape(-1), 0.9 * rv.reshape(-1) + 0.1 * v64, rtol=1e-5, atol=1e-6)
+        assert got[6].numpy().tolist() == [2]
+    else:
+        np.testing.assert_array_equal(got[4].numpy().view(np.uint32), rm.view(np.uint32))
+        np.testing.assert_array_equal(got[5].numpy().view(np.uint32), rv.view(np.uint32))
+        assert got[6].numpy().tolist() == [3]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fused_act", [False, True], ids=["BatchNorm2d", "BatchNormAct2d"])
+def test_a_training_layer_moves_its_buffers_as_record_batch_does(backend, fused_act, monkeypatch):
+    """A local BN layer in training updates its running statistics inside its forward op; over finite and NaN
+    batches its buffers, tracked-batch count and non-finite count are those of the same layer recording through
+    bn_guard.record_batch (the path accumulation and momentum=None take)."""
+    from basebn.layers import BatchNormAct2d
+    from basebn.layers import bn_function
+    layers = [BatchNormAct2d(4, act="relu", momentum=0.7) if fused_act else BatchNorm2d(4, momentum=0.7)
+              for _ in range(2)]
+    rng = np.random.default_rng(8)
+    batches = [rng.standard_normal((3, 4, 5, 5)).astype(np.float32) for _ in range(3)]
+    batches[1][0, 2, 1, 1] = np.nan
+    with bn_ops.use_backend(backend):
+        for i, layer in enumerate(layers):
+            layer.train()
+            if i == 1:
+                monkeypatch.setattr(bn_function, "in_op_update_args", lambda bn: None)
+            for x in batches:
+                layer(_t(x))
+    for name in ("running_mean", "running_var"):
+        a, b = (getattr(layer, name).numpy() for layer in layers)
+        assert a.shape == b.shape == (1, 4, 1, 1)
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert layers[0].num_batches_tracked == layers[1].num_batches_tracked == 3
+    assert take_nonfinite_counts(layers[0]) == take_nonfinite_counts(layers[1]) != {}

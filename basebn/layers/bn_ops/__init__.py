@@ -11,7 +11,7 @@ from .backend import backend, use_backend
 from .ops import bn_backward_elemt, bn_backward_reduce, bn_normalize, bn_stats, channel_count
 from .ops import ACTIVATIONS, OUTPUT_GRAD_ACTIVATIONS, PRE_GRAD_ACTIVATIONS
 from .ops import bn_act_backward_elemt, bn_act_backward_reduce, bn_act_normalize
-from .ops import bn_act_train_backward, bn_act_train_forward, bn_running_update
+from .ops import bn_act_train_backward, bn_act_train_forward, bn_act_train_forward_update, bn_running_update
 
 __all__ = [
     "bn_stats",
@@ -26,6 +26,7 @@ __all__ = [
     "bn_act_backward_reduce",
     "bn_act_backward_elemt",
     "bn_act_train_forward",
+    "bn_act_train_forward_update",
     "bn_act_train_backward",
     "bn_running_update",
     "backend",

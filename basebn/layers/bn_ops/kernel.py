@@ -15,8 +15,8 @@ from ..kernel_library import KernelUnavailableError, has_values, load_kernels, w
 from .backend import requested_backend
 
 __all__ = ["ready", "ready_on_cpu", "stats", "normalize", "backward_reduce", "backward_elemt", "ACT_CODES",
-           "act_normalize", "act_backward_reduce", "act_backward_elemt", "act_train_forward", "act_train_backward",
-           "running_update"]
+           "act_normalize", "act_backward_reduce", "act_backward_elemt", "act_train_forward",
+           "act_train_forward_update", "act_train_backward", "running_update"]
 
 # True: the CPU kernels gather every input as if it were non-contiguous (tests of that path)
 _force_strided = False
@@ -139,6 +139,19 @@ def act_train_forward(x, shortcut, weight, bias, eps, act):
     inputs = (x,) if shortcut is None else (x, shortcut)
     y, mean, m2, invstd = _apply(name, *inputs, *affine, eps=float(eps), **flags)
     return y, mean, m2, invstd
+
+
+def act_train_forward_update(x, shortcut, weight, bias, eps, act, running_mean, running_var, bad, keep):
+    """:func:`act_train_forward`'s four outputs, then ``running_mean', running_var', bad'`` (:func:`running_update`
+    with the batch mean and unbiased variance) from the same op."""
+    holder = weight if weight is not None else bias
+    if holder is None:
+        holder = mge.tensor(np.zeros((x.shape[1],), np.float32), device=x.device)
+    affine, flags = _affine(holder, weight, bias, act)
+    name = "BasebnBnActTrainForwardUpdate" if shortcut is None else "BasebnBnAddActTrainForwardUpdate"
+    inputs = (x,) if shortcut is None else (x, shortcut)
+    return tuple(_apply(name, *inputs, *affine, running_mean, running_var, bad, eps=float(eps), keep=float(keep),
+                        **flags))
 
 
 def act_train_backward(dy, y, x, mean, invstd, weight, bias, act, shortcut_grad):

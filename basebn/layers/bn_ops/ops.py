@@ -10,7 +10,8 @@ from .backend import backend
 
 __all__ = ["bn_stats", "bn_normalize", "bn_backward_reduce", "bn_backward_elemt", "channel_count", "ACTIVATIONS",
            "OUTPUT_GRAD_ACTIVATIONS", "PRE_GRAD_ACTIVATIONS", "bn_act_normalize", "bn_act_backward_reduce",
-           "bn_act_backward_elemt", "bn_act_train_forward", "bn_act_train_backward", "bn_running_update"]
+           "bn_act_backward_elemt", "bn_act_train_forward", "bn_act_train_forward_update", "bn_act_train_backward",
+           "bn_running_update"]
 
 
 def _check(x, name="x"):
@@ -243,6 +244,24 @@ def bn_act_train_forward(x, weight=None, bias=None, eps=1e-5, act="identity", sh
     mean, m2 = bn_stats(x)
     invstd = (m2 * (1.0 / channel_count(x)) + float(eps)) ** -0.5
     return bn_act_normalize(x, mean, invstd, weight, bias, act, shortcut), mean, m2, invstd
+
+
+def bn_act_train_forward_update(x, weight, bias, eps, act, shortcut, running_mean, running_var, bad, keep):
+    """:func:`bn_act_train_forward` and :func:`bn_running_update` of the running statistics with its mean and
+    unbiased variance ``m2 * (1 / (count - 1))`` (float32, as the layers compute it): ``(y, mean, m2, invstd,
+    running_mean', running_var', bad')``, the same values as those two calls. On CPU one kernel call."""
+    c = x.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var)):
+        if math.prod(t.shape) != c:
+            raise ValueError(f"bn_act_train_forward_update: {name} has shape {tuple(t.shape)}, x has {c} channels")
+    xc, sc = _checked_input(x, shortcut, act)
+    _check_count(channel_count(xc), xc)
+    w, b = _channel_values(weight, c), _channel_values(bias, c)
+    if backend() == "kernel" and kernel.ready_on_cpu(xc, sc, w, b, running_mean, running_var, bad):
+        return kernel.act_train_forward_update(xc, sc, w, b, float(eps), act, running_mean, running_var, bad, keep)
+    y, mean, m2, invstd = bn_act_train_forward(x, weight, bias, eps, act, shortcut)
+    var = m2 * (1.0 / (channel_count(x) - 1.0))
+    return (y, mean, m2, invstd) + bn_running_update(running_mean, running_var, mean, var, keep, bad)
 
 
 def bn_act_train_backward(dy, y, x, mean, invstd, weight=None, bias=None, act="identity", shortcut_grad=False):
