@@ -90,8 +90,8 @@ def _one_line(exc):
 
 
 def _raise_terminated(owner_pid):
-    """A SIGTERM handler for process `owner_pid`: raise Terminated there; in a forked child (a data worker)
-    end as an unhandled SIGTERM would."""
+    """A SIGTERM handler for process `owner_pid`: raise Terminated there (after a write in progress:
+    utils/interrupts.py); in a forked child (a data worker) end as an unhandled SIGTERM would."""
     def handler(signum, frame):
         if os.getpid() != owner_pid:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -102,7 +102,8 @@ def _raise_terminated(owner_pid):
 
 
 def _raise_interrupt(signum, frame):
-    """Python's own Ctrl-C handler, plus a note the trainer raises again if a finalizer swallows the exception."""
+    """Python's own Ctrl-C handler (held back during a write: utils/interrupts.py), plus a note the trainer raises
+    again if a finalizer swallows the exception."""
     interrupts.interrupt(KeyboardInterrupt)
 
 

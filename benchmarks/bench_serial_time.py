@@ -14,8 +14,9 @@ worker computes (imbalance at a region's end). Printed in ms per step: the seria
 the master runs (MegEngine's dispatch and its own kernels, the C library's malloc / free, basebn's code, oneDNN),
 the master waiting at a region's end for a worker that computes (imbalance) or is off the CPU (preempted), the
 master's own time off the CPU (step time minus its samples), and the CPU time of the Python thread and of
-MegEngine's event poller, which compete with the compute threads for the cores. Sampling makes it approximate: a region shorter than the sampling period can be
-counted as serial at its start. Results: docs/figures.md, "Where the second core waits".
+MegEngine's event poller, which compete with the compute threads for the cores. Sampling makes it approximate: a
+region shorter than the sampling period can be counted as serial at its start. Results: docs/figures.md, "Where
+the second core waits".
 """
 import argparse
 import bisect

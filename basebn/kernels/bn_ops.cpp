@@ -374,6 +374,8 @@ void cpu_act_train_forward_update(const std::vector<Tensor>& in, const Param& p,
                                    slot(in, p, "has_bias", 2 + o), p["eps"].as<double>(), p["act"].as<int32_t>(),
                                    out[0], out[1], out[2], out[3], p["force_strided"].as<bool>());
     const basebn::Dims d = basebn::dims_of(in[0]);
+    custom_assert(static_cast<int64_t>(in[3 + o].size()) == d.C, "train forward update: running_mean has %zu values, "
+                  "x has %lld channels", in[3 + o].size(), static_cast<long long>(d.C));
     const float scale = static_cast<float>(1.0 / (static_cast<double>(d.N * d.S) - 1.0));
     const float* m2 = out[2].data<float>();
     std::vector<float> var(static_cast<size_t>(d.C));

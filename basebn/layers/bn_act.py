@@ -163,9 +163,9 @@ def with_act(norm, act):
 
 def norm_then_act(norm, act, fuse=True):
     """``(norm, act module)`` for a norm followed by activation ``act`` (a name or None): the norm with ``act``
-    fused in and a :class:`.activation.PassThrough` (an ``Identity`` without MegEngine's copy), or (``fuse`` False, no fused form) the norm as built and
-    ``build_activation(act)``. A block's last norm fuses only when nothing (SE, drop path) sits between it and
-    the residual add; it adds the shortcut then (:func:`norm_act`)."""
+    fused in and a :class:`.activation.PassThrough` (an ``Identity`` without MegEngine's copy), or (``fuse``
+    False, no fused form) the norm as built and ``build_activation(act)``. A block's last norm fuses only when
+    nothing (SE, drop path) sits between it and the residual add; it adds the shortcut then (:func:`norm_act`)."""
     if fuse and isinstance(act, str):
         norm = with_act(norm, act)
     return (norm, PassThrough()) if has_act(norm) else (norm, build_activation(act))

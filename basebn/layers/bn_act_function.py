@@ -119,8 +119,8 @@ def kernel_bn_act_forward(bn, inp, act, shortcut=None, sync=False, group=None):
 
     As :func:`.bn_function.kernel_bn_forward`: running statistics in eval / ``freeze`` (affine detached
     with ``freeze``), else batch statistics (over the ranks of ``group`` when ``sync``), recorded through
-    :func:`.bn_guard.record_batch` in training (or, for a local layer, updated inside its training op). Ghost BN and Batch Renormalization are not fused (the layer
-    runs them unfused).
+    :func:`.bn_guard.record_batch` in training (or, for a local layer, updated inside its training op). Ghost BN
+    and Batch Renormalization are not fused (the layer runs them unfused).
     """
     if not bn._track_running_stats_saved and bn.track_running_stats:
         raise AssertionError("track_running_stats can not be initialised to False and changed to True later")

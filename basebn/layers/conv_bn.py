@@ -205,9 +205,9 @@ def fold_conv_bn(conv, bn):
 def fuse_conv_bn(model, example_input=None, pairs=None):
     """Inference copy of `model` (deep copy, eval mode) with each conv -> BN pair folded into the conv.
 
-    The conv gets the folded weight and a bias, the BN is replaced by a :class:`.activation.PassThrough` identity (its state-dict
-    keys disappear; the conv gains a `bias` key where it had none), or by a :class:`.bn_act.NormActTail`
-    applying the BN's activation when it has one. Pairs as in
+    The conv gets the folded weight and a bias, the BN is replaced by a :class:`.activation.PassThrough`
+    identity (its state-dict keys disappear; the conv gains a `bias` key where it had none), or by a
+    :class:`.bn_act.NormActTail` applying the BN's activation when it has one. Pairs as in
     `enable_efficient_conv_bn_eval`. BNs without running statistics are left in place.
     """
     fused = copy.deepcopy(model)

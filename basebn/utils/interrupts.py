@@ -14,6 +14,7 @@ __all__ = ["note", "clear", "raise_pending", "interrupt", "deferred"]
 
 _pending = []  # the exception class a signal handler raised, until the process ends or clear()
 _deferring = []  # one entry per open deferred() block
+_held = []  # the exception class a handler noted inside a deferred() block, raised when the outermost one ends
 
 
 def note(exc_type):
@@ -35,15 +36,17 @@ def raise_pending():
 def interrupt(exc_type):
     """What a signal handler does: note ``exc_type`` and raise it, or, inside :func:`deferred`, only note it."""
     note(exc_type)
-    if not _deferring:
+    if _deferring:
+        _held[:] = [exc_type]
+    else:
         raise exc_type()
 
 
 @contextlib.contextmanager
 def deferred():
     """Run the block to its end even if Ctrl-C / SIGTERM arrives (the handlers of :func:`basebn.cli.cli_main`
-    only note it there), then raise the noted interrupt. np.savez cut by one leaves its zip writer open, and the
-    writer's finalizer prints a traceback when the process ends."""
+    only note it there), then raise the interrupt that arrived in it (not one noted before the block). np.savez cut
+    by one leaves its zip writer open, and the writer's finalizer prints a traceback when the process ends."""
     if threading.current_thread() is not threading.main_thread():  # (handlers run in the main thread only)
         yield
         return
@@ -52,5 +55,5 @@ def deferred():
         yield
     finally:
         _deferring.pop()
-    if not _deferring:
-        raise_pending()
+    if not _deferring and _held:
+        raise _held.pop()()

@@ -191,3 +191,14 @@ def test_a_training_layer_moves_its_buffers_as_record_batch_does(backend, fused_
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
     assert layers[0].num_batches_tracked == layers[1].num_batches_tracked == 3
     assert take_nonfinite_counts(layers[0]) == take_nonfinite_counts(layers[1]) != {}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_running_statistics_of_another_size_are_refused(backend):
+    """bn_act_train_forward_update with running statistics of 4 values for a 5-channel x: a ValueError naming both
+    shapes, before any op runs (the C++ op would otherwise read past the batch's 5 means)."""
+    x = _t(np.ones((2, 5, 3, 3), np.float32))
+    wrong = r"running_mean has shape \(1, 4, 1, 1\), x has 5"
+    with bn_ops.use_backend(backend), pytest.raises(ValueError, match=wrong):
+        bn_ops.bn_act_train_forward_update(x, None, None, 1e-5, "relu", None, _t(np.zeros((1, 4, 1, 1), np.float32)),
+                                           _t(np.ones((1, 4, 1, 1), np.float32)), _t(np.zeros(1, np.int32)), 0.9)

@@ -133,7 +133,8 @@ def test_sigterm_during_a_checkpoint_write_ends_the_run_after_it(tmp_path):
 
 def test_a_signal_inside_deferred_is_raised_when_the_block_ends():
     """interrupts.deferred: the handler only notes the interrupt inside the block; the block runs to its end and the
-    interrupt is raised after it (and a signal outside any block is raised at once, as before)."""
+    interrupt is raised after it; a later block without a signal raises nothing; a signal outside any block is
+    raised at once, as before."""
     import signal as sig
     import time
     from basebn.cli import _install_signal_handlers
@@ -146,12 +147,15 @@ def test_a_signal_inside_deferred_is_raised_when_the_block_ends():
                 time.sleep(0.05)  # the handler has run by now
                 reached.append(True)
         assert reached == [True]
+        with interrupts.deferred():  # an interrupt noted before the block (above) is not raised by it again
+            reached.append(True)
+        assert reached == [True, True]
         interrupts.clear()
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), sig.SIGTERM)
             time.sleep(0.05)
             reached.append(False)
-        assert reached == [True]
+        assert reached == [True, True]
     finally:
         for s, previous in installed.items():
             sig.signal(s, previous)
