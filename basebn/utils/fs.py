@@ -1,15 +1,24 @@
-"""Files: atomic replacement, clean-up of the temp files a killed writer leaves, sha256 of a file.
+"""Files: atomic replacement, clean-up of the temp files a killed writer leaves, sha256 of a file, a file lock.
 
 atomic_write_bytes writes `NAME.XXXXXXXX.tmp` beside `NAME` (8 random characters from mkstemp);
 remove_stale_tmp removes exactly that pattern. The file gets the mode a plain open() would give a new file,
-0o666 less the user's umask (mkstemp alone would leave 0o600).
+0o666 less the user's umask (mkstemp alone would leave 0o600). file_lock is an flock, which the kernel drops when
+its process dies (even by SIGKILL), so a lock file left behind never blocks; reliable on local disks, on NFS it
+depends on the server.
 """
+import contextlib
 import hashlib
 import os
 import re
 import tempfile
 
-__all__ = ["atomic_write_bytes", "remove_stale_tmp", "sha256_of", "current_umask", "new_file_mode", "TMP_SUFFIX"]
+try:
+    import fcntl
+except ImportError:  # not POSIX: file_lock does not lock across processes
+    fcntl = None
+
+__all__ = ["atomic_write_bytes", "remove_stale_tmp", "sha256_of", "current_umask", "new_file_mode", "TMP_SUFFIX",
+           "file_lock", "durable_replace", "fsync_dir"]
 
 TMP_SUFFIX = ".tmp"
 _STALE_TMP = re.compile(r"^.+\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp's names: 8 of [a-z0-9_]
@@ -50,11 +59,46 @@ def atomic_write_bytes(path, data):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    fsync_dir(directory)
+
+
+def fsync_dir(directory):
+    """fsync a folder: a rename into it is then durable."""
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)  # make the rename itself durable
+        os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def durable_replace(src, dst):
+    """Move the finished file `src` onto `dst` (same folder) after fsyncing it: `dst` is the old file or the
+    whole new one, also after a crash."""
+    with open(src, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(src, dst)
+    fsync_dir(os.path.dirname(os.path.abspath(dst)))
+
+
+@contextlib.contextmanager
+def file_lock(path, on_wait=None):
+    """Hold an exclusive flock on the file `path` (created when missing, left behind) for the with block.
+
+    When another process holds it, `on_wait()` is called once, then the lock is waited for.
+    Locks taken through two opens of one file block each other within one process too.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask applies
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor drops the flock
 
 
 def remove_stale_tmp(directory):
