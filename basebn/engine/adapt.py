@@ -6,10 +6,17 @@ normalised by its own statistics (TENT's "norm"); ``adabn``: BN statistics of th
 BN's pass, exact over ranks), then eval; ``tent``: as DequanWang/tent's tent.py (model in train mode, BN on
 batch statistics, BN affine trained on the mean softmax entropy, the logits of the last update's forward,
 ``episodic`` resets). Call :func:`prepare_for_adaptation` first. Semantics in detail: docs/bn_adaptation.md.
+
+A batch whose images hold a NaN or inf adapts nothing: adabn leaves it out of the statistics, tent makes no update
+on it (nor on a batch whose entropy gradient is non-finite: γ/β and the optimizer state stay as they were),
+bn_batch and tent evaluate it in eval mode with the running statistics and the current weights. Each method
+logs one warning with the count of such batches.
 """
 import contextlib
+import math
 
 import numpy as np
+from loguru import logger
 
 import megengine as mge
 import megengine.functional as F
@@ -25,10 +32,11 @@ from .evaluate import score_predictions
 
 __all__ = ["METHODS", "OPTIMIZERS", "prepare_for_adaptation", "adaptable_bn_layers", "predict", "bn_batch_predict",
            "adapt_bn_statistics", "adabn", "tent", "softmax_entropy", "adapt_predictions", "evaluate_adapted",
-           "store_adapted_statistics"]
+           "store_adapted_statistics", "MIN_RELIABLE_BATCH"]
 
 METHODS = ("none", "bn_batch", "adabn", "tent")
 OPTIMIZERS = ("adam", "sgd")
+MIN_RELIABLE_BATCH = 16  # below this many images per batch, batch statistics are too noisy to normalise with
 
 
 def prepare_for_adaptation(model):
@@ -49,13 +57,90 @@ def adaptable_bn_layers(model):
     return [(name, m) for name, m in model.named_modules() if is_bn2d(m) and not is_frozen_bn(m)]
 
 
+def _check_has_bn(layers, method):
+    """ConfigError when there is no BN layer for `method` to adapt (a GroupNorm / LayerNorm model)."""
+    if not layers:
+        raise ConfigError(f"{method} needs BN layers to adapt; this model has none (its norm layers are not "
+                          f"BatchNorm2d): evaluate it without --adapt")
+
+
+def _raw_images(batch):
+    """The images of a batch as given: a tuple/list's first element, else the batch."""
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
 def _images(batch):
     """The images of a batch (a tuple/list's first element, else the batch) as a float32 Tensor."""
-    if isinstance(batch, (tuple, list)):
-        batch = batch[0]
+    batch = _raw_images(batch)
     if isinstance(batch, mge.Tensor):
         return batch
     return mge.tensor(np.asarray(batch, dtype=np.float32))
+
+
+def _all_finite(images):
+    """Whether `images` (numpy, or a Tensor: one device reduction) hold no NaN or inf."""
+    if isinstance(images, mge.Tensor):
+        return bool(F.sum(images * 0).item() == 0)  # x * 0 is NaN exactly where x is NaN or inf
+    return bool(np.isfinite(np.asarray(images)).all())
+
+
+def _finite_images(batch):
+    """``(images as a Tensor, whether they hold no NaN or inf)`` of a batch."""
+    return _images(batch), _all_finite(_raw_images(batch))
+
+
+def _grads_finite(params):
+    """Whether every gradient of `params` is finite (one device reduction)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    return not grads or bool(F.sum(F.concat([(g * 0).flatten() for g in grads])).item() == 0)
+
+
+class _NonFiniteBatches:
+    """The count of the batches a method adapts nothing on (NaN or inf), logged in one warning by :meth:`report`."""
+
+    def __init__(self, method, outcome):
+        self.method, self.outcome = method, outcome
+        self.seen = self.skipped = 0
+
+    def see(self, finite):
+        """Count one batch; returns `finite`."""
+        self.seen += 1
+        self.skipped += not finite
+        return finite
+
+    def report(self):
+        """One warning with the count, when a batch was non-finite."""
+        if self.skipped:
+            logger.warning(f"adapt {self.method}: {self.skipped} of {self.seen} batch(es) held NaN or inf values: "
+                           f"{self.outcome}")
+
+
+class _FiniteBatches:
+    """Re-iterable view of `batches` without those whose images hold NaN or inf (counted by `tally`)."""
+
+    def __init__(self, batches, tally):
+        self.batches, self.tally = batches, tally
+
+    def __iter__(self):
+        for batch in self.batches:
+            if self.tally.see(_all_finite(_raw_images(batch))):
+                yield batch
+
+
+def _eval_logits(model, layers, tracks, images):
+    """Logits of `images` in eval mode with the running statistics (for a batch whose own statistics are
+    non-finite); every module's training flag and the layers' batch-statistics flags are put back after."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    for (_, m), track in zip(layers, tracks):
+        m.track_running_stats = track
+    try:
+        return model(images).numpy()
+    finally:
+        for m, training in flags:
+            m.training = training
+        for _, m in layers:
+            m.track_running_stats = False
 
 
 @contextlib.contextmanager
@@ -102,18 +187,31 @@ def bn_batch_predict(model, batches):
     """Logits of each batch with every BN layer normalising it by its own statistics (test-batch BN, TENT's
     "norm"); everything else in eval mode. Weights and running statistics are left as they were."""
     layers = adaptable_bn_layers(model)
+    _check_has_bn(layers, "bn_batch")
+    tracks = [m.track_running_stats for _, m in layers]
+    tally = _NonFiniteBatches("bn_batch", "evaluated with the running statistics instead of their own")
     with _kept_state(model, layers):
         model.eval()
         _use_batch_statistics(layers)
-        for batch in batches:
-            yield model(_images(batch)).numpy()
+        try:
+            for batch in batches:
+                images, finite = _finite_images(batch)
+                yield model(images).numpy() if tally.see(finite) else _eval_logits(model, layers, tracks, images)
+        finally:
+            tally.report()
 
 
 def adapt_bn_statistics(model, batches, num_samples=None, method="pooled", progress=False):
     """AdaBN's step: every BN layer's running statistics become the population statistics of the images of
     ``batches`` (precise BN's pass, :func:`basebn.layers.update_bn_stats`: pooled over batches and exact over
-    ranks; every rank must call it). Returns precise BN's summary."""
-    return update_bn_stats(model, batches, num_samples=num_samples, method=method, progress=progress)
+    ranks; every rank must call it). Batches whose images hold NaN or inf are left out (one warning counts
+    them). Returns precise BN's summary."""
+    tally = _NonFiniteBatches("adabn", "left out of the BN statistics")
+    try:
+        return update_bn_stats(model, _FiniteBatches(batches, tally), num_samples=num_samples, method=method,
+                               progress=progress)
+    finally:
+        tally.report()
 
 
 def _reiterable(batches, what):
@@ -126,6 +224,7 @@ def adabn(model, batches, num_samples=None, method="pooled"):
     the logits of each batch in eval mode. ``batches`` must be re-iterable (a list or a loader). The new
     statistics stay in the model."""
     _reiterable(batches, "adabn")
+    _check_has_bn(adaptable_bn_layers(model), "adabn")
     adapt_bn_statistics(model, batches, num_samples=num_samples, method=method)
     yield from predict(model, batches)
 
@@ -146,8 +245,8 @@ def _build_optimizer(params, name, lr, betas, weight_decay, momentum, nesterov):
 def _check_tent_args(steps, lr, params):
     if int(steps) < 1:
         raise ConfigError(f"tent needs at least one step per batch (--adapt-steps), got {steps}")
-    if lr < 0:
-        raise ConfigError(f"the adaptation learning rate must be >= 0 (--adapt-lr), got {lr}")
+    if not (math.isfinite(lr) and lr >= 0):
+        raise ConfigError(f"the adaptation learning rate must be a finite number >= 0 (--adapt-lr), got {lr}")
     if not params:
         raise ConfigError("tent needs BN layers with affine parameters to adapt; this model has none")
     if dist.get_world_size() > 1:
@@ -163,7 +262,10 @@ def tent(model, batches, lr=1e-3, steps=1, optimizer="adam", betas=(0.9, 0.999),
     ``optimizer`` "adam" (``betas``, ``weight_decay``: TENT's CIFAR-10-C setting by default) or "sgd"
     (``momentum``, ``nesterov``: TENT's SGD defaults 0.9 / True). ``episodic`` resets the adapted parameters
     to the source values and the optimizer to a fresh state before every batch. The adapted affine
-    parameters stay in the model; flags and running statistics are restored after.
+    parameters stay in the model; flags and running statistics are restored after. A batch whose images
+    hold NaN or inf is not adapted on and is evaluated in eval mode (running statistics, the current γ/β); a
+    step whose gradient is non-finite is skipped (no update, the optimizer state unchanged) with the batch's
+    remaining steps.
     """
     layers = adaptable_bn_layers(model)
     params = [p for _, m in layers if m.affine for p in (m.weight, m.bias)]
@@ -171,22 +273,42 @@ def tent(model, batches, lr=1e-3, steps=1, optimizer="adam", betas=(0.9, 0.999),
     source = [p.numpy().copy() for p in params]
     opt = _build_optimizer(params, optimizer, lr, betas, weight_decay, momentum, nesterov)
     gm = GradManager().attach(params)
+    tracks = [m.track_running_stats for _, m in layers]
+    tally = _NonFiniteBatches("tent", "not adapted on (BN affine parameters and optimizer state unchanged)")
     with _kept_state(model, layers):
         model.train()  # as TENT's configure_model: the whole model in train mode
         _use_batch_statistics(layers)
-        for batch in batches:
-            images = _images(batch)
-            if episodic:
-                for p, value in zip(params, source):
-                    p._reset(mge.tensor(value, dtype=p.dtype, device=p.device))
-                opt = _build_optimizer(params, optimizer, lr, betas, weight_decay, momentum, nesterov)
-            for _ in range(int(steps)):
-                with gm:
-                    logits = model(images)
-                    gm.backward(softmax_entropy(logits).mean())
-                opt.step()
-                opt.clear_grad()
-            yield logits.numpy()
+        try:
+            for batch in batches:
+                images, finite = _finite_images(batch)
+                if episodic:
+                    for p, value in zip(params, source):
+                        p._reset(mge.tensor(value, dtype=p.dtype, device=p.device))
+                    opt = _build_optimizer(params, optimizer, lr, betas, weight_decay, momentum, nesterov)
+                if not finite:
+                    tally.see(False)
+                    yield _eval_logits(model, layers, tracks, images)
+                    continue
+                yield _tent_steps(model, images, params, gm, opt, int(steps), tally)
+        finally:
+            tally.report()
+
+
+def _tent_steps(model, images, params, gm, opt, steps, tally):
+    """``steps`` TENT updates on one batch; the logits of the last forward. A non-finite gradient skips its
+    update and the remaining steps (the batch counted in `tally` as non-finite)."""
+    for _ in range(steps):
+        with gm:
+            logits = model(images)
+            gm.backward(softmax_entropy(logits).mean())
+        if not _grads_finite(params):
+            opt.clear_grad()
+            tally.see(False)
+            return logits.numpy()
+        opt.step()
+        opt.clear_grad()
+    tally.see(True)
+    return logits.numpy()
 
 
 def adapt_predictions(model, batches, method, *, num_samples=None, lr=1e-3, steps=1, optimizer="adam",

@@ -4,19 +4,36 @@
 Multi-process: adabn's statistics (and those written by ``--save-adapted``) are pooled exactly over all
 ranks by precise BN's pass; bn_batch normalises each rank's batch (``batch_size`` per process) by its own
 statistics; tent runs in one process only (it refuses a multi-process launch with one line).
+
+The ``--save-adapted`` destination is checked before anything runs (a folder that exists and takes a new file, no
+file there without ``--force``); a write that still fails at the end raises :class:`AdaptedSaveError`, which
+carries the metrics of the finished evaluation.
 """
 import dataclasses
+import math
 import os
+import tempfile
 
 from loguru import logger
 
 from .. import distributed as dist
 from ..checkpoint import model_state, save_npz_weights
 from ..config import ConfigError
-from .adapt import METHODS, OPTIMIZERS, evaluate_adapted, prepare_for_adaptation, store_adapted_statistics
+from ..utils.cli_args import MAX_LR, bounded_float
+from ..utils.fs import TMP_SUFFIX
+from .adapt import (METHODS, MIN_RELIABLE_BATCH, OPTIMIZERS, evaluate_adapted, prepare_for_adaptation,
+                    store_adapted_statistics)
 
 __all__ = ["AdaptOptions", "check_adapt_options", "evaluate_with_adaptation", "add_adapt_arguments",
-           "adapt_options_from_args"]
+           "adapt_options_from_args", "AdaptedSaveError"]
+
+
+class AdaptedSaveError(RuntimeError):
+    """The adapted weights could not be written after the evaluation ended; ``metrics`` holds its result."""
+
+    def __init__(self, message, metrics):
+        super().__init__(message)
+        self.metrics = metrics
 
 
 @dataclasses.dataclass
@@ -45,7 +62,8 @@ def add_adapt_arguments(parser):
                         "statistics of the test images first; tent: entropy minimisation of the BN affine "
                         "parameters, one step per batch (the batch size is the config's batch_size)")
     g.add_argument("--episodic", action="store_true", help="tent: reset to the source weights before each batch")
-    g.add_argument("--adapt-lr", type=float, default=1e-3, help="tent learning rate (default 1e-3, as TENT)")
+    g.add_argument("--adapt-lr", type=bounded_float(0.0, MAX_LR), default=1e-3,
+                   help="tent learning rate (default 1e-3, as TENT)")
     g.add_argument("--adapt-steps", type=int, default=1, help="tent optimizer steps per batch (default 1)")
     g.add_argument("--adapt-optimizer", default="adam", choices=OPTIMIZERS,
                    help="tent optimizer: adam (betas 0.9/0.999, default) or sgd (momentum 0.9, nesterov)")
@@ -72,25 +90,50 @@ def check_adapt_options(options, backend="eager", exported=False):
         raise ConfigError("--episodic / --adapt-lr / --adapt-steps / --adapt-optimizer apply to --adapt tent only")
     if o.steps < 1:
         raise ConfigError(f"--adapt-steps must be at least 1, got {o.steps}")
-    if o.lr < 0:
-        raise ConfigError(f"--adapt-lr must be >= 0, got {o.lr}")
+    if not (math.isfinite(o.lr) and 0 <= o.lr <= MAX_LR):
+        raise ConfigError(f"--adapt-lr must be a finite number in [0, {MAX_LR:g}], got {o.lr}")
     if o.save_to is not None:
         if o.method == "none":
             raise ConfigError("--save-adapted needs an adaptation method: add --adapt bn_batch|adabn|tent")
-        if not o.save_to.endswith(".npz"):
-            raise ConfigError(f"--save-adapted {o.save_to!r}: give a file name ending in .npz")
-        if os.path.isdir(o.save_to):
-            raise ConfigError(f"--save-adapted {o.save_to!r} is a directory; give a file name ending in .npz")
-        if os.path.exists(o.save_to) and not o.force:
-            raise ConfigError(f"--save-adapted {o.save_to!r} exists; give another name or add --force")
-        parent = os.path.dirname(os.path.abspath(o.save_to))
-        if not os.path.isdir(parent):
-            raise ConfigError(f"--save-adapted {o.save_to!r}: folder {parent!r} does not exist")
+        if o.episodic:
+            raise ConfigError("--save-adapted with --episodic: episodic tent goes back to the source weights before "
+                              "every batch, so there are no adapted weights to save; drop --episodic (continual "
+                              "tent) or --save-adapted")
+        _check_destination(o.save_to, o.force)
 
 
-def _save(model, options, meta):
+def _check_destination(path, force):
+    """ConfigError unless `path` can take the adapted weights: a .npz name, no directory or (without `force`)
+    file there, in an existing folder where a new file can be made (tried with the writer's own temp name)."""
+    if not path.endswith(".npz"):
+        raise ConfigError(f"--save-adapted {path!r}: give a file name ending in .npz")
+    if os.path.isdir(path):
+        raise ConfigError(f"--save-adapted {path!r} is a directory; give a file name ending in .npz")
+    if os.path.lexists(path) and not force:
+        raise ConfigError(f"--save-adapted {path!r} exists; give another name or add --force")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(parent):
+        raise ConfigError(f"--save-adapted {path!r}: folder {parent!r} does not exist")
+    if not os.path.isdir(parent):
+        raise ConfigError(f"--save-adapted {path!r}: {parent!r} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=TMP_SUFFIX, dir=parent)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        raise ConfigError(f"--save-adapted {path!r}: cannot write a file in folder {parent!r} "
+                          f"({exc.strerror or exc}); choose a writable folder") from None
+
+
+def _save(model, options, meta, metrics):
     if dist.is_main_process():
-        save_npz_weights(options.save_to, model_state(model), meta=meta)
+        try:
+            save_npz_weights(options.save_to, model_state(model), meta=meta)
+        except OSError as exc:
+            raise AdaptedSaveError(f"could not write the {options.method}-adapted weights to {options.save_to!r} "
+                                   f"({exc.strerror or exc}); the evaluation finished (its metrics are printed) "
+                                   f"and no file was written: fix the folder or free space and run again",
+                                   metrics) from exc
         logger.info(f"wrote the {options.method}-adapted weights to {options.save_to}; load them with "
                     f"-w {options.save_to}")
 
@@ -108,6 +151,10 @@ def evaluate_with_adaptation(model, loader, batch_size, options, source=""):
                  f"{', episodic' if options.episodic else ''}" if options.method == "tent" else "")
         logger.info(f"adapt {options.method}: evaluation batch size {batch_size} per process over "
                     f"{dist.get_world_size()} process(es), test set in its stored order{extra}")
+        if options.method in ("bn_batch", "tent") and batch_size < MIN_RELIABLE_BATCH:
+            logger.warning(f"adapt {options.method}: each batch is normalised by its own statistics, and batch "
+                           f"statistics from {batch_size} image(s) are unreliable (accuracy can fall far below "
+                           f"--adapt none); use batch_size={MIN_RELIABLE_BATCH} or more (TENT uses 200)")
     try:
         metrics = evaluate_adapted(model, loader, options.method, lr=options.lr, steps=options.steps,
                                    optimizer=options.optimizer, episodic=options.episodic)
@@ -122,5 +169,5 @@ def evaluate_with_adaptation(model, loader, batch_size, options, source=""):
         meta = {"adapted": options.method, "source": str(source), "batch_size": int(batch_size),
                 **({"tent": {"lr": options.lr, "steps": options.steps, "optimizer": options.optimizer,
                              "episodic": options.episodic}} if options.method == "tent" else {})}
-        _save(model, options, meta)
+        _save(model, options, meta, metrics)
     return metrics
