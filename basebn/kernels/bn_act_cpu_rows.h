@@ -17,6 +17,7 @@
 #include "bn_kernels.h"
 #include "bn_math.h"
 #include "strided_copy.h"
+#include "thread_env.h"
 
 namespace basebn {
 namespace cpu {
@@ -29,9 +30,8 @@ constexpr int64_t kChunk = 4096;                 // elements per float partial s
 constexpr int kLanes = 8;                        // float lanes of a partial sum (masked_sums)
 constexpr int64_t kMinElemsPerThread = 1 << 15;  // below this a second thread costs more than it saves
 
-inline int thread_cap() {
-    const char* env = std::getenv("BASEBN_NUM_THREADS");
-    const int v = env != nullptr ? std::atoi(env) : 0;
+inline int thread_cap() {  // $BASEBN_NUM_THREADS (thread_env.h), else OpenMP's default
+    const int v = env_threads();
 #ifdef _OPENMP
     static const int detected = omp_get_max_threads();
     return v > 0 ? v : detected;

@@ -26,6 +26,7 @@
 #include "bn_math.h"
 #include "queued_work.h"
 #include "strided_copy.h"
+#include "thread_env.h"
 
 namespace basebn {
 namespace cpu {
@@ -44,10 +45,9 @@ using rows::ld4;
 constexpr int64_t kRowMinS = 32;           // below: columns path
 constexpr int64_t kMinElemsPerThread = 1 << 15;  // below this a second thread costs more than it saves
 
-// $BASEBN_NUM_THREADS, else OpenMP's default (OMP_NUM_THREADS, else the cores), as the fused kernels
+// $BASEBN_NUM_THREADS (thread_env.h), else OpenMP's default (OMP_NUM_THREADS, else the cores), as the fused kernels
 int max_threads() {
-    const char* env = std::getenv("BASEBN_NUM_THREADS");
-    const int v = env != nullptr ? std::atoi(env) : 0;
+    const int v = env_threads();
     if (v > 0)
         return v;
 #ifdef _OPENMP

@@ -12,6 +12,7 @@
 
 #include "megbrain/custom/custom.h"
 #include "strided_copy.h"
+#include "thread_env.h"
 
 namespace basebn {
 namespace dnnl_rt {
@@ -22,16 +23,12 @@ inline dnnl::engine& engine() {
     return e;
 }
 
-// Threads for this call: $BASEBN_NUM_THREADS, else the OpenMP default seen on the first call. Sets it as the
-// calling thread's OpenMP default (oneDNN's primitives and the ops' own parallel loops use it) and returns it.
+// Threads for this call: $BASEBN_NUM_THREADS (thread_env.h), else the OpenMP default seen on the first call. Sets it
+// as the calling thread's OpenMP default (oneDNN's primitives and the ops' own parallel loops use it) and returns it.
 inline int set_threads() {
     static const int default_threads = omp_get_max_threads();
-    int n = default_threads;
-    if (const char* env = std::getenv("BASEBN_NUM_THREADS")) {
-        const int v = std::atoi(env);
-        if (v > 0)
-            n = v;
-    }
+    const int v = env_threads();
+    const int n = v > 0 ? v : default_threads;
     omp_set_num_threads(n);
     return n;
 }

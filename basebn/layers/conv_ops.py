@@ -17,13 +17,13 @@ from loguru import logger
 from megengine.core._imperative_rt.core2 import apply
 from megengine.core.ops import custom
 
+from ..utils.env_vars import CONV_BACKENDS
 from .kernel_library import KernelUnavailableError, conv_kernel_available, conv_kernel_error, wait_for_inputs
 
 __all__ = ["CONV_BACKENDS", "ConvGeometry", "conv_backend", "check_conv_shapes", "conv_forward", "conv_backward_data",
            "conv_backward_weights", "conv_backward"]
 
 _ENV_BACKEND = "BASEBN_CONV_BACKEND"
-CONV_BACKENDS = ("dnnl", "megengine", "auto")
 _warned = {"fallback": False}
 
 

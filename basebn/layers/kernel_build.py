@@ -1,14 +1,17 @@
 """What the custom-op library (:mod:`.kernel_library`) is built from, and where its build is cached.
 
 Sources in ``basebn/kernels/`` (``$BASEBN_KERNEL_DIR``); the oneDNN conv, max-pool and matmul ops
-(``conv_dnnl.cpp``, ``pool_dnnl.cpp``, ``matmul_dnnl.cpp``) are compiled in when :func:`find_onednn` finds
-oneDNN and no build with it failed before; the CUDA part when a GPU and a toolkit are found (:func:`cuda_wanted`).
-:func:`kernel_build_spec` gives the :class:`KernelBuildSpec`, whose ``build_dir`` under
-:func:`kernel_cache_root` is keyed by the hash of the sources, headers, flags, MegEngine version,
-custom-op ABI and oneDNN root/version (not of this Python file). Nothing here compiles or loads anything.
+(``conv_dnnl.cpp``, ``pool_dnnl.cpp``, ``matmul_dnnl.cpp``) are compiled in when :func:`find_onednn` finds oneDNN
+and no build with it failed before with the same sources, flags and compiler (:func:`recorded_onednn_failure`); the
+CUDA part when a GPU and a toolkit are found (:func:`cuda_wanted`). :func:`kernel_build_spec` gives the
+:class:`KernelBuildSpec`, whose ``build_dir`` under :func:`kernel_cache_root` is keyed by the hash of the sources,
+headers, flags, MegEngine version, custom-op ABI and oneDNN root/version (not of this Python file). Nothing here
+compiles or loads anything.
 """
+import functools
 import glob
 import hashlib
+import json
 import os
 import platform
 import re
@@ -18,9 +21,13 @@ import subprocess
 import sys
 from typing import List, NamedTuple, Optional
 
+from loguru import logger
+
 import megengine as mge
 from megengine.core.ops.custom import get_custom_op_abi_tag
 from megengine.utils import custom_op_tools
+
+from ..utils.fs import atomic_write_bytes
 
 __all__ = [
     "KernelBuildSpec",
@@ -29,6 +36,8 @@ __all__ = [
     "find_onednn",
     "no_onednn_reason",
     "record_onednn_build_failure",
+    "recorded_onednn_failure",
+    "onednn_failure_key",
     "kernel_source_dir",
     "kernel_cache_root",
     "kernel_build_spec",
@@ -46,7 +55,7 @@ _CPU_SOURCES = ("bn_ops.cpp", "bn_cpu.cpp", "bn_act_cpu.cpp", "bn_train_cpu.cpp"
 _CUDA_SOURCES = ("bn_cuda.cu", "bn_cuda_launch.cu")  # the MegEngine glue, the standalone launchers
 _CUDA_HEADERS = ("bn_cuda_launch.h", "bn_cuda_kernels.cuh")  # (hashed in CUDA builds only)
 _HEADERS = ("bn_math.h", "bn_kernels.h", "bn_act_kernels.h", "bn_cpu_rows.h", "bn_act_cpu_rows.h", "strided_copy.h",
-            "strided_rows.h", "queued_work.h")
+            "strided_rows.h", "queued_work.h", "thread_env.h")
 _DNNL_SOURCES = ("conv_dnnl.cpp", "pool_dnnl.cpp", "matmul_dnnl.cpp")  # the conv, max-pool and matmul ops
 _DNNL_HEADERS = ("dnnl_runtime.h", "conv_depthwise_cpu.h")  # (hashed in oneDNN builds only: the BN-only key stays)
 _LIB_NAME = "basebn_bn"
@@ -137,18 +146,69 @@ def no_onednn_reason(with_cuda):
     if found is None:
         return (f"oneDNN not found in {_searched_onednn_roots()} (pip install onednn-cpu-gomp "
                 f"onednn-devel-cpu-gomp, or set ${_ENV_ONEDNN})")
-    path = os.path.join(kernel_build_spec(with_cuda, onednn=found).build_dir, _DNNL_FAILED)
-    if not os.path.exists(path):
+    spec = kernel_build_spec(with_cuda, onednn=found)
+    reason = recorded_onednn_failure(spec)
+    if reason is None:
         return f"one of {', '.join(_DNNL_SOURCES)} is missing from the kernel sources"
-    with open(path) as f:
-        return f.read().strip() + f" (recorded in {path}; delete it to retry)"
+    path = os.path.join(spec.build_dir, _DNNL_FAILED)
+    return (f"{reason} (recorded in {path}; retried when the compiler, the flags or the sources change, "
+            f"or delete it to retry now)")
+
+
+@functools.lru_cache(maxsize=8)
+def _toolchain(cxx, path_env):
+    """The compiler MegEngine's build runs (``cxx``, found on ``path_env``): its resolved path and the first line of
+    its ``--version``, and ninja's path."""
+    found = shutil.which(cxx, path=path_env)
+    version = "not found"
+    if found:
+        found = os.path.realpath(found)
+        try:
+            out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60).stdout
+            version = (out.splitlines() or ["?"])[0].strip()
+        except (OSError, subprocess.SubprocessError) as exc:
+            version = f"unusable: {type(exc).__name__}"
+    return {"compiler": found or cxx, "compiler_version": version, "ninja": shutil.which("ninja", path=path_env)}
+
+
+def onednn_failure_key(spec):
+    """What a failed oneDNN build of ``spec`` depended on: the build directory's name (the hash of the sources,
+    headers, flags, MegEngine and oneDNN), the flags themselves, and the toolchain ($CXX or c++, its version; ninja).
+    A failure recorded under another key is stale."""
+    return {"build": os.path.basename(spec.build_dir), "cflags": list(spec.cflags), "ldflags": list(spec.ldflags),
+            **_toolchain(os.environ.get("CXX", "c++"), os.environ.get("PATH"))}
 
 
 def record_onednn_build_failure(spec, reason):
-    """Record in ``spec``'s build directory that its oneDNN build failed: from then on
-    :func:`kernel_build_spec` gives the BN-only library (delete the record to retry)."""
-    with open(os.path.join(spec.build_dir, _DNNL_FAILED), "w") as f:
-        f.write(reason + "\n")
+    """Record in ``spec``'s build directory that its oneDNN build failed, with :func:`onednn_failure_key`: while the
+    key holds, :func:`kernel_build_spec` gives the BN-only library. Returns False where the cache is read-only."""
+    record = {"key": onednn_failure_key(spec), "reason": reason}
+    try:
+        atomic_write_bytes(os.path.join(spec.build_dir, _DNNL_FAILED), (json.dumps(record, indent=1) + "\n").encode())
+    except OSError as exc:
+        logger.debug("basebn kernels: cannot record the failed oneDNN build in {}: {}", spec.build_dir, exc)
+        return False
+    return True
+
+
+def recorded_onednn_failure(spec):
+    """The reason recorded for a failed oneDNN build of ``spec`` while its key (:func:`onednn_failure_key`) still
+    holds, else None; a stale record (another key, or none) is removed where the cache is writable."""
+    path = os.path.join(spec.build_dir, _DNNL_FAILED)
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        record = None
+    if isinstance(record, dict) and record.get("key") == onednn_failure_key(spec):
+        return str(record.get("reason"))
+    try:
+        os.remove(path)
+    except OSError:  # a read-only cache: ignored all the same
+        pass
+    return None
 
 
 def kernel_source_dir():
@@ -238,7 +298,8 @@ def kernel_build_spec(with_cuda, cuda_archs=CUDA_ARCHS, onednn=_AUTO):
     """The :class:`KernelBuildSpec` of the library, with the CUDA part for ``cuda_archs`` if ``with_cuda``.
 
     ``onednn``: a :class:`OneDNN` to compile the conv ops against, None for the BN-only library, or
-    ``"auto"``: :func:`find_onednn`, unless ``conv_dnnl.cpp`` is missing or a build with it failed before.
+    ``"auto"``: :func:`find_onednn`, unless ``conv_dnnl.cpp`` is missing or a build with it failed before
+    (:func:`recorded_onednn_failure`).
     ``build_dir`` is ``kernel_cache_root()/<hash of sources, headers, flags, MegEngine version,
     custom-op ABI and oneDNN root/version>`` (``-cuda`` appended for CUDA builds).
     """
@@ -249,7 +310,7 @@ def kernel_build_spec(with_cuda, cuda_archs=CUDA_ARCHS, onednn=_AUTO):
         if onednn is None:
             return spec
         dnnl_spec = kernel_build_spec(with_cuda, cuda_archs, onednn)
-        return spec if os.path.exists(os.path.join(dnnl_spec.build_dir, _DNNL_FAILED)) else dnnl_spec
+        return spec if recorded_onednn_failure(dnnl_spec) is not None else dnnl_spec
     src_dir = kernel_source_dir()
     sources = [os.path.join(src_dir, f) for f in _CPU_SOURCES]
     headers = [os.path.join(src_dir, f) for f in _HEADERS]

@@ -3,16 +3,22 @@
 MegEngine loads one custom-op library per process, so :mod:`.bn_ops`, :mod:`.conv_ops` and :mod:`.pool_ops`
 share this one, built as :func:`.kernel_build.kernel_build_spec` says into its cache directory (an flock
 serialises concurrent builds) and loaded once per process (:func:`load_kernels` remembers the library
-or the error). The conv ops are compiled in when oneDNN is found; if that build fails, the BN-only
+or the error). A build records the library's size and sha256 beside it (``built.ok``); a cached library that does
+not match its record is never mapped (a truncated one would kill the process with SIGBUS): it is rebuilt in place
+with one warning, or, in a read-only cache, left unloaded with the reason. A read-only cache with a matching
+library loads it. The conv ops are compiled in when oneDNN is found; if that build fails, the BN-only
 library is built instead and the failure is recorded in the cache (:func:`conv_kernel_error` says
-why), so later processes skip it. The max-pool ops build with the conv ops: :func:`conv_kernel_available`
-covers both.
+why), so later processes with the same sources, flags and compiler skip it. The max-pool ops build with the conv
+ops: :func:`conv_kernel_available` covers both.
 :func:`wait_for_inputs` is what every op launch does first. Environment: ``BASEBN_KERNEL_CACHE``,
 ``BASEBN_KERNEL_DIR``, ``BASEBN_KERNEL_CUDA=0``, ``BASEBN_ONEDNN_ROOT``, ``OMP_WAIT_POLICY``
 (:func:`set_default_omp_wait_policy`); ``BASEBN_NUM_THREADS`` is read by the CPU kernels.
 Design notes: docs/bn_design.md.
 """
+import contextlib
 import ctypes
+import errno
+import json
 import os
 import threading
 
@@ -23,6 +29,7 @@ from megengine.core.ops import custom
 from megengine.jit import tracing
 from megengine.utils import custom_op_tools
 
+from ..utils.fs import atomic_write_bytes, sha256_of
 from .kernel_build import (
     cuda_wanted,
     kernel_build_spec,
@@ -70,23 +77,88 @@ class KernelUnavailableError(RuntimeError):
     """The BN kernels were requested explicitly but could not be built or loaded."""
 
 
+class KernelBuildError(RuntimeError):
+    """The compiler (MegEngine's ninja build) failed: what a oneDNN build's failure record is about."""
+
+
+_RECORD = "built.ok"  # JSON: the library's file name, size and sha256, written once its build completed
+_READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def _flock(f, lock):
     if fcntl is not None:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX if lock else fcntl.LOCK_UN)
 
 
 def _compile(spec):
-    """Compile into ``spec.build_dir`` with MegEngine's ninja build; returns the library path."""
+    """Compile into ``spec.build_dir`` with MegEngine's ninja build and load it; returns the library path.
+    Raises :class:`KernelBuildError` when that fails."""
     stale = os.path.join(spec.build_dir, "lock")
     if os.path.exists(stale):  # the caller holds the flock: nobody else is building
         os.remove(stale)
-    path = custom_op_tools.build_and_load(
-        spec.lib_name, spec.sources, extra_cflags=list(spec.cflags), extra_cuda_cflags=list(spec.cuda_cflags),
-        extra_ldflags=list(spec.ldflags), extra_include_paths=list(spec.include_dirs),
-        with_cuda=spec.with_cuda, build_dir=spec.build_dir)
+    try:
+        path = custom_op_tools.build_and_load(
+            spec.lib_name, spec.sources, extra_cflags=list(spec.cflags), extra_cuda_cflags=list(spec.cuda_cflags),
+            extra_ldflags=list(spec.ldflags), extra_include_paths=list(spec.include_dirs),
+            with_cuda=spec.with_cuda, build_dir=spec.build_dir)
+    except Exception as exc:  # noqa: BLE001 - ninja's RuntimeError, a missing compiler or ninja, a failed load
+        raise KernelBuildError(str(exc) or type(exc).__name__) from exc
     if path is None:  # megengine refuses a second build of one name in a process
-        raise RuntimeError("build_and_load returned None (already built in-process)")
+        raise KernelBuildError("build_and_load returned None (already built in-process)")
     return path
+
+
+def _record_library(lib_path):
+    """Write the size and sha256 of the just-built (and loaded) ``lib_path`` beside it, atomically: whole or absent.
+    A record that cannot be written costs only a relink in the next process."""
+    record = {"library": os.path.basename(lib_path), "size": os.path.getsize(lib_path), "sha256": sha256_of(lib_path)}
+    try:
+        atomic_write_bytes(os.path.join(os.path.dirname(lib_path), _RECORD), (json.dumps(record) + "\n").encode())
+    except OSError as exc:
+        logger.warning("basebn kernel library {}: cannot record its size and sha256 ({}); the next process relinks it",
+                       lib_path, exc)
+
+
+def _library_problem(lib_path):
+    """None when ``lib_path`` matches the record its build wrote; else ``(what is wrong, damaged)``: ``damaged`` when
+    a record exists but the file does not match it (an interrupted or older build leaves no record)."""
+    try:
+        with open(os.path.join(os.path.dirname(lib_path), _RECORD)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or record.get("library") != os.path.basename(lib_path):
+        return "has no size and sha256 record of a completed build", False
+    if not os.path.isfile(lib_path):
+        return "is missing", True
+    size = os.path.getsize(lib_path)
+    if size != record.get("size"):
+        return f"is {size} bytes, but its build wrote {record.get('size')} (truncated or damaged)", True
+    if sha256_of(lib_path) != record.get("sha256"):
+        return "does not have the sha256 its build recorded (damaged)", True
+    return None
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir):
+    """Hold the build directory's flock for the block; yields False (no lock taken) where the cache is read-only.
+
+    Several processes (pytest workers, data-parallel ranks) may build at once. MegEngine's own lock file makes the
+    losers return a path without ".so" and is left behind by a killed build; an flock (released when its process
+    dies) serialises build + load instead."""
+    try:
+        lock_file = open(os.path.join(build_dir, "build.flock"), "a")
+    except OSError as exc:
+        if exc.errno not in _READ_ONLY_ERRNOS:
+            raise
+        yield False  # nobody can build in a read-only cache: nothing to wait for
+        return
+    with lock_file:
+        _flock(lock_file, True)
+        try:
+            yield True
+        finally:
+            _flock(lock_file, False)
 
 
 def set_default_omp_wait_policy():
@@ -103,23 +175,32 @@ def set_default_omp_wait_policy():
 def _build_and_load():
     """Build (or reuse from the cache) and load the library; returns its info dict.
 
-    With oneDNN, a failed build is recorded (:func:`.kernel_build.record_onednn_build_failure`) and
-    the BN-only library is built.
+    With oneDNN, a failed build is recorded (:func:`.kernel_build.record_onednn_build_failure`) and the BN-only
+    library is built; a oneDNN library that does not load (a damaged read-only cache, a missing libdnnl) is not
+    recorded: the next process tries it again.
     """
     set_default_omp_wait_policy()  # before the library (and libgomp with it) is loaded
     with_cuda = cuda_wanted()
     spec = kernel_build_spec(with_cuda)
-    conv_error = None
     if spec.onednn is None:
-        conv_error = no_onednn_reason(with_cuda)
-    else:
-        try:
-            return dict(_load_spec(spec), conv=True, onednn=spec.onednn.version, conv_error=None)
-        except Exception as exc:  # noqa: BLE001 - keep the BN kernels: build them without oneDNN
-            conv_error = f"the build with oneDNN {spec.onednn.version} failed: {_compiler_errors(exc)}"
-            record_onednn_build_failure(spec, conv_error)
-            spec = kernel_build_spec(with_cuda, onednn=None)
-    return dict(_load_spec(spec), conv=False, onednn=None, conv_error=conv_error)
+        return dict(_load_spec(spec), conv=False, onednn=None, conv_error=no_onednn_reason(with_cuda))
+    try:
+        return dict(_load_spec(spec), conv=True, onednn=spec.onednn.version, conv_error=None)
+    except KernelBuildError as exc:  # keep the BN kernels: build them without oneDNN
+        conv_error = f"the build with oneDNN {spec.onednn.version} failed: {_compiler_errors(exc)}"
+        record_onednn_build_failure(spec, conv_error)
+    except Exception as exc:  # noqa: BLE001 - the same, unrecorded
+        conv_error = f"the library with oneDNN {spec.onednn.version} did not load: {_described(exc)}"
+    try:
+        return dict(_load_spec(kernel_build_spec(with_cuda, onednn=None)), conv=False, onednn=None,
+                    conv_error=conv_error)
+    except Exception as exc:  # noqa: BLE001 - say what happened first
+        raise RuntimeError(f"{conv_error}; the library without oneDNN: {_described(exc)}") from exc
+
+
+def _described(exc):
+    """A RuntimeError's message (basebn's own, written to be read), else the exception's type and message."""
+    return str(exc) if type(exc) is RuntimeError else f"{type(exc).__name__}: {exc}"
 
 
 def _compiler_errors(exc):
@@ -129,24 +210,25 @@ def _compiler_errors(exc):
 
 
 def _load_spec(spec):
-    """Build (or reuse from the cache) and load the library of ``spec``; checks the ops it must hold."""
+    """Load the library of ``spec`` from the cache when it matches its record, else build it there and record it;
+    checks the ops it must hold."""
     lib_path = os.path.join(spec.build_dir, spec.lib_name + "_v0.so")
-    marker = os.path.join(spec.build_dir, "built.ok")
     os.makedirs(spec.build_dir, exist_ok=True)
-    # Several processes (pytest workers, data-parallel ranks) may build at once. MegEngine's own
-    # lock file makes the losers return a path without ".so" and is left behind by a killed
-    # build; an flock (released when its process dies) serialises build + load instead.
-    with open(os.path.join(spec.build_dir, "build.flock"), "w") as lock_file:
-        _flock(lock_file, True)
-        try:
-            if os.path.exists(marker) and os.path.exists(lib_path):
-                custom.load(lib_path)  # cached build: needs no compiler
-            else:
-                lib_path = _compile(spec)
-                with open(marker, "w") as f:
-                    f.write(lib_path + "\n")
-        finally:
-            _flock(lock_file, False)
+    with _build_lock(spec.build_dir) as writable:
+        problem = _library_problem(lib_path)
+        if problem is None:
+            custom.load(lib_path)  # cached build: needs no compiler
+        elif not writable:
+            raise RuntimeError(f"the kernel library {lib_path} {problem[0]}, and its cache is read-only, so it cannot "
+                               f"be rebuilt: point $BASEBN_KERNEL_CACHE at a writable folder")
+        else:
+            what, damaged = problem
+            if damaged:
+                logger.warning("basebn kernel library {} {}: rebuilding it (not loading it)", lib_path, what)
+            if os.path.lexists(lib_path):  # never mapped; ninja relinks a missing library from its objects
+                os.remove(lib_path)
+            lib_path = _compile(spec)
+            _record_library(lib_path)
     dnnl_ops = CONV_OP_NAMES + POOL_OP_NAMES + MATMUL_OP_NAMES if spec.onednn is not None else ()
     for op in OP_NAMES + ACT_OP_NAMES + RUNNING_OP_NAMES + dnnl_ops:
         if not hasattr(custom, op):
@@ -226,7 +308,7 @@ def conv_kernel_error():
     """Why the oneDNN conv ops are unavailable (None when they loaded)."""
     lib = load_kernels(warn=False)
     if lib is None:
-        return f"the kernel library did not build: {_state.error}"
+        return f"the kernel library did not build or load: {_state.error}"
     return lib.get("conv_error")
 
 

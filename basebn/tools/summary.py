@@ -22,6 +22,7 @@ from ..config import ConfigError
 from ..engine.build import check_input_size
 from ..models import build_model, list_models, model_info
 from ..utils.cli_args import MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIZE, OneLineArgumentParser, bounded_int
+from ..utils.env_vars import EnvVarError, check_environment
 
 __all__ = ["conv_macs", "linear_macs", "count_params", "state_dict_sha256", "summarize", "unknown_model_message",
            "build_parser", "main"]
@@ -133,6 +134,11 @@ def build_parser():
 def main(argv=None, out=None):
     """The command line (see the module docstring); writes to `out` (default stdout), returns the exit code."""
     out = out or sys.stdout
+    try:
+        check_environment()
+    except EnvVarError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     p = build_parser()
     args = p.parse_args(argv)
     if args.list or not args.name:

@@ -48,7 +48,8 @@ def test_table_has_one_row_per_op():
 
 
 def test_unbuildable_library_is_a_one_line_error(tmp_path):
-    r = _selfcheck("--quick", BASEBN_KERNEL_DIR=str(tmp_path / "missing"), BASEBN_KERNEL_CACHE=str(tmp_path / "c"))
+    (tmp_path / "empty").mkdir()  # a folder without the sources (a missing one is refused up front, as a bad variable)
+    r = _selfcheck("--quick", BASEBN_KERNEL_DIR=str(tmp_path / "empty"), BASEBN_KERNEL_CACHE=str(tmp_path / "c"))
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: the basebn kernel library did not build"), r.stderr

@@ -7,12 +7,13 @@ import contextlib
 import os
 import threading
 
+from ...utils.env_vars import BN_BACKENDS
 from ..kernel_library import KernelUnavailableError, kernel_error, load_kernels
 
 __all__ = ["BACKENDS", "requested_backend", "use_backend", "backend"]
 
 _ENV_BACKEND = "BASEBN_BN_BACKEND"
-BACKENDS = ("kernel", "fallback", "auto")
+BACKENDS = BN_BACKENDS  # ("kernel", "fallback", "auto"), the CLIs check the variable against it
 _override = threading.local()
 
 
