@@ -8,11 +8,12 @@ arrays are stored as `model/NAME` and `ema/NAME` (the zoo's layout), every other
 import numpy as np
 
 from .errors import CheckpointError
-from .format import read_container, sniff, write_container
+from .format import read_container, read_meta, sniff, write_container
 from .legacy import load_legacy_checkpoint
 from .tree import pack, unpack
 
-__all__ = ["FORMAT", "WEIGHTS_FORMAT", "save_checkpoint", "load_checkpoint", "save_npz_weights", "read_npz_weights"]
+__all__ = ["FORMAT", "WEIGHTS_FORMAT", "save_checkpoint", "load_checkpoint", "read_recorded_config", "save_npz_weights",
+           "read_npz_weights"]
 
 FORMAT = "basebn-checkpoint-v2"
 WEIGHTS_FORMAT = "weights"  # load_checkpoint's "format" for a weights-only file (zoo export)
@@ -32,8 +33,9 @@ def save_checkpoint(path, payload):
     write_container(path, arrays, {"format": FORMAT, **tree})
 
 
-def load_checkpoint(path):
-    """The payload of a checkpoint (.npz or legacy .pkl); a weights-only file gives {"model", "ema", "meta"}."""
+def load_checkpoint(path, fits=None):
+    """The payload of a checkpoint (.npz or legacy .pkl); a weights-only file gives {"model", "ema", "meta"}.
+    `fits` (model_state.member_fit of the target model): an .npz that cannot fit it is refused unread."""
     try:
         kind = sniff(path)
     except FileNotFoundError:
@@ -42,7 +44,7 @@ def load_checkpoint(path):
         raise CheckpointError(f"checkpoint {path!r} is a directory, not a file") from None
     if kind == "pickle":
         return load_legacy_checkpoint(path)
-    arrays, meta, checked = read_container(path)
+    arrays, meta, checked = read_container(path, fits)
     model, ema, state = _split(arrays)
     fmt = meta.get("format")
     if fmt == FORMAT:
@@ -58,6 +60,21 @@ def load_checkpoint(path):
     if not model:
         raise CheckpointError(f"{path!r} is not a basebn checkpoint or weights file (no model/ arrays)")
     return {"format": WEIGHTS_FORMAT, "model": model, "ema": {"module": ema} if ema else None, "meta": meta}
+
+
+def read_recorded_config(path):
+    """The config a checkpoint records (its run's resolved config), or None: from the metadata alone for an .npz
+    (no array is read; its checksum is verified when the file is loaded), from the whole file for a legacy .pkl."""
+    try:
+        kind = sniff(path)
+    except OSError:
+        raise CheckpointError(f"checkpoint {path!r} cannot be read") from None
+    if kind == "pickle":
+        config = load_legacy_checkpoint(path).get("config")
+    else:
+        meta = read_meta(path)
+        config = unpack(meta.get("config"), {}, source=repr(path)) if meta.get("format") == FORMAT else None
+    return config if isinstance(config, dict) else None
 
 
 def save_npz_weights(path, model_state, ema_state=None, meta=None):

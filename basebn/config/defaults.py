@@ -11,7 +11,8 @@ DEFAULTS = dict(
     # mini-batch size per process (the total batch is batch_size * world_size)
     batch_size=128,
     num_classes=10,
-    # run directory; None means runs/<config file name>
+    # run directory; None means runs/<config file name>, or runs/<config file name>-<model.name> when an override
+    # chose another model than the file's
     output_dir=None,
     seed=42,
     data=dict(
@@ -195,10 +196,11 @@ DEFAULTS = dict(
     ),
     # compile the training step with megengine.jit.trace
     trace=False,
-    log_every_n_iter=20,  # a log line (loss, lr, speed) every N iterations
+    log_every_n_iter=20,  # a log line (loss, lr, speed) every N iterations, and at least four per epoch
     log=dict(
-        # TensorBoard event files in <run dir>/tensorboard (rank 0; tensorboardX): loss, lr, times, images/s every
-        # log_every_n_iter iterations, evaluation metrics, precise-BN drift per layer. `tensorboard --logdir runs`
+        # TensorBoard event files in the run directory itself (events.out.tfevents.*; rank 0; tensorboardX): loss,
+        # lr, times, images/s every log_every_n_iter iterations, evaluation metrics, precise-BN drift per layer.
+        # `tensorboard --logdir runs`
         tensorboard=True,
     ),
     # keep an epoch_N checkpoint every N epochs (latest is always kept); inf = never

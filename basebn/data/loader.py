@@ -19,7 +19,7 @@ import numpy as np
 from loguru import logger
 
 from .base import Dataset, Subset
-from .errors import DataError
+from .errors import DataError, NoFullBatchError
 from .sampler import repeated_aug_indices, repeated_aug_length, shard_indices
 from .transforms import crop_flip, normalize, resolve_stats, sample_crop_flip
 from .workers import WorkerPool
@@ -129,10 +129,10 @@ class BatchLoader:
         else:
             self.num_batches = -(-self.num_samples // self.batch_size)
         if self.train and self.num_batches == 0:
-            raise DataError(
+            raise NoFullBatchError(
                 f"dataset {self.dataset.name} ({n} samples) is too small for batch_size="
                 f"{batch_size} x world_size={world_size} with drop_last: no full batch per epoch. "
-                f"Lower the batch size or raise max_train_samples.")
+                f"Lower the batch size or raise max_train_samples.", self.num_samples)
 
     def __len__(self) -> int:
         return self.num_batches

@@ -7,6 +7,7 @@ name -> (constructor, family, default input size). No registry, no import side e
 gives family and default input size. RESNET_FAMILIES and ZERO_INIT_FAMILIES say which families take the
 ResNet-only kwargs and ``zero_init_residual``.
 """
+import numbers
 from functools import partial
 
 from . import resnet_family
@@ -113,12 +114,20 @@ def build_model(name, num_classes=1000, in_channels=3, **kwargs):
     """Build model `name` (a key of MODEL_TABLE); kwargs go to the constructor (norm, bn_momentum, ...).
 
     The model gets ``default_input_size`` (the table's), ``arch_name`` and ``arch_family`` attributes.
+    num_classes and in_channels below 1 are a ValueError (a model without outputs or inputs).
     """
     _check_name(name)
+    _check_count("num_classes", num_classes)
+    _check_count("in_channels", in_channels)
     model = MODELS[name](num_classes=num_classes, in_channels=in_channels, **kwargs)
     model.default_input_size = MODEL_TABLE[name][2]
     model.arch_name, model.arch_family = name, MODEL_TABLE[name][1]  # for the timm:/basecls: name maps
     return model
+
+
+def _check_count(key, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"build_model: {key} must be a whole number >= 1, got {value!r}")
 
 
 def _check_name(name):

@@ -1,4 +1,4 @@
-"""python -m basebn.tools.bn_report WEIGHTS|RUN_DIR [CONFIG] [--data-samples N] [--json] [--out DIR]
+"""python -m basebn.tools.bn_report WEIGHTS|RUN_DIR [CONFIG] [--data-samples N] [--json] [-o DIR]
 
 BN health of trained weights, per BN layer: dead channels (|gamma| < 1e-3 or running var < eps), non-finite
 buffers, the distance between the running statistics and the population statistics of N training samples
@@ -6,7 +6,8 @@ buffers, the distance between the running statistics and the population statisti
 directory's config.json), model-vs-EMA drift when the checkpoint holds EMA weights, and a verdict ("precise
 BN recommended: 7 of 21 layers drift > 5%"). Prints the table (with --json, a last line of JSON) and writes
 bn_report.txt, bn_report.json and bn_report.png (matplotlib, the optional 'plot' extra) to DIR (default:
-the run directory, or the weights file's folder).
+the run directory, else the current directory: never beside a weights file, which may lie in the shipped zoo
+folder) and says where.
 """
 import argparse
 import json
@@ -87,11 +88,10 @@ def _pyplot():
 
 
 def _out_dir(spec, out):
+    """Where the report goes: -o, else a run directory itself, else the current directory."""
     if out:
-        return out
-    if os.path.isdir(spec):
-        return spec
-    return "." if zoo_name(spec) is not None else os.path.dirname(os.path.abspath(spec))
+        return os.path.abspath(out)
+    return os.path.abspath(spec if os.path.isdir(spec) else os.curdir)
 
 
 def _write(report, out_dir):
@@ -118,8 +118,8 @@ def build_parser():
     p.add_argument("--data-samples", type=bounded_int(0, MAX_SAMPLES), default=2048,
                    help="training samples for the population statistics (default 2048; 0: skip)")
     p.add_argument("--json", action="store_true", help="print the report as a last line of JSON")
-    p.add_argument("--out", help="folder for bn_report.txt/.json/.png (default: the run directory or the "
-                                 "weights file's folder)")
+    p.add_argument("-o", "--out", help="folder for bn_report.txt/.json/.png (default: the run directory, else the "
+                                       "current directory)")
     return p
 
 

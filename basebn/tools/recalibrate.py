@@ -19,7 +19,7 @@ from .. import distributed as dist
 from ..checkpoint import model_state, save_npz_weights
 from ..cli import cli_main
 from ..config import ConfigError
-from ..engine.build import build_data, build_model_from_cfg, check_input_size, precise_bn_batch_size, resolve_config
+from ..engine.build import build_model_from_cfg, build_precise_bn_data, check_input_size, resolve_config
 from ..engine.logging import setup_logging
 from ..layers import update_bn_stats
 from ..layers.precise_bn import METHODS
@@ -47,7 +47,7 @@ def recalibrate(cfg, weights, out, method="pooled", num_samples=8192, ema=False)
     pass, batches of bn.precise_batch_size as in training) and write the model state to `out` (rank 0).
     Returns precise BN's summary."""
     dist.init("auto")
-    ds, loader = build_data(cfg.clone().merge({"batch_size": precise_bn_batch_size(cfg)}), train=True)
+    ds, loader = build_precise_bn_data(cfg)
     model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
     check_input_size(model, ds.image_shape, cfg.model.name)
     load_weights(model, weights, ema=ema)

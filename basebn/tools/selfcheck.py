@@ -8,7 +8,6 @@ check SyncBatchNorm; rank 0 prints, other ranks add the rows that failed there. 
 Exit 0: all agree; 1: an op disagrees beyond its tolerance (or raised); 2: one-line error (e.g. the kernel
 library did not build: there is nothing to check, training then uses the pure-MegEngine path).
 """
-import argparse
 import json
 import sys
 
@@ -21,6 +20,7 @@ from .. import distributed
 from ..cli import cli_main
 from ..layers.kernel_library import kernel_error, kernel_library
 from ..layers.kernel_selfcheck import device_name, format_rows, run_selfcheck
+from ..utils.cli_args import MAX_DEVICES, OneLineArgumentParser, bounded_int
 
 __all__ = ["SelfcheckError", "selfcheck", "main"]
 
@@ -99,10 +99,10 @@ def _worker(quick, as_json):
 @cli_main
 def main(argv=None):
     """Run the self-check; 0 when every op agrees, 1 when one does not, 2 on a one-line error."""
-    parser = argparse.ArgumentParser(prog="python -m basebn.tools.selfcheck", description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(prog="python -m basebn.tools.selfcheck", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few small cases (what training runs automatically)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--devices", type=int, default=1,
+    parser.add_argument("--devices", type=bounded_int(1, MAX_DEVICES), default=1,
                         help="GPU processes (MegEngine's launcher, NCCL): each checks its GPU, together SyncBN "
                              "(CPU: mpiexec -n N python -m basebn.tools.selfcheck)")
     args = parser.parse_args(argv)
