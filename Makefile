@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup quickstart test test-fast test-flaky test-exhaustive bench docs clean-venv
+.PHONY: setup quickstart test test-fast test-flaky test-exhaustive bench figures docs clean-venv
 
 $(STAMP): setup.py
 	@PY310=$$(scripts/find_python310.sh) || exit 1; \
@@ -34,6 +34,10 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# the README's headline table and docs/figures.md's tables, regenerated from results/*.json (standard library only)
+figures:
+	python3 scripts/make_figures.py
 
 # the documentation site (MkDocs, in its own venv so basebn's dependencies stay as they are): site/index.html
 DOCS_VENV := .venv-docs

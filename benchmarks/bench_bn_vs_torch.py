@@ -12,15 +12,18 @@ four BN ops alone (stats, normalize, backward reduce, backward elemt) and a plai
 
     .venv/bin/python benchmarks/bench_bn_vs_torch.py --torch-python .venv-bench/bin/python [--threads 1 2]
         [--shapes 128,32,28,28 32,256,14,14] [--cases bn bn-relu bn-add-relu] [--rounds 3] [--reps 9] [--split]
+        [--results results/bn_vs_torch.json]
 """
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 
 from bench_train_step import thread_env
+from results_file import add_results_argument, append_run, run_record, version_in
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -116,7 +119,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--split", action="store_true", help="also basebn's four BN ops alone (case bn)")
+    add_results_argument(ap)
     args = ap.parse_args()
+    figures = {"ms": {}}
     pythons = {"basebn": sys.executable, "torch": args.torch_python}
     print("| case | shape (N,C,H,W) | threads | basebn ms | PyTorch ms | basebn / PyTorch |")
     print("|---|---|---|---|---|---|")
@@ -133,11 +138,21 @@ def main():
                             extra.append(res)
                 m, t = statistics.median(times["basebn"]), statistics.median(times["torch"])
                 print(f"| {case} | {shape} | {threads} | {m:.2f} | {t:.2f} | {m / t:.2f}x |", flush=True)
+                key, size = case.replace("-", "_"), shape.replace(",", "x")
+                figures.setdefault(key, {}).setdefault(size, {})[str(threads)] = round(m / t, 3)
+                figures["ms"].setdefault(key, {}).setdefault(size, {})[str(threads)] = [round(m, 2), round(t, 2)]
                 if extra:
                     splits.append((shape, threads, {k: statistics.median(e[k] for e in extra) for k in extra[0]}))
     for shape, threads, split in splits:
         print(f"basebn ops alone, {shape}, {threads} thread(s), ms: "
               + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
+        figures.setdefault("ops_alone_ms", {}).setdefault(shape.replace(",", "x"), {})[str(threads)] = \
+            {k: round(v, 2) for k, v in split.items()}
+    if args.results:
+        record = run_record("layer", shlex.join(["benchmarks/bench_bn_vs_torch.py"] + sys.argv[1:]), args.threads,
+                            figures, torch_version=version_in(args.torch_python, "torch"))
+        append_run(args.results, record, "benchmarks/bench_bn_vs_torch.py",
+                   "a BN layer's forward + backward in training mode vs PyTorch's")
 
 
 if __name__ == "__main__":

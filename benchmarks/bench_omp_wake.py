@@ -1,5 +1,5 @@
 """How late libgomp's OpenMP worker starts a parallel region after the master thread was busy alone for a while:
-the cost behind basebn's OpenMP spin setting (docs/figures.md, "OpenMP spin with the inline device").
+the cost behind basebn's OpenMP spin setting (results/omp_spin.json).
 
     python benchmarks/bench_omp_wake.py [--gaps-us 10 100 1000 5000] [--reps 200]
 

@@ -15,8 +15,8 @@ the master runs (MegEngine's dispatch and its own kernels, the C library's mallo
 the master waiting at a region's end for a worker that computes (imbalance) or is off the CPU (preempted), the
 master's own time off the CPU (step time minus its samples), and the CPU time of the Python thread and of
 MegEngine's event poller, which compete with the compute threads for the cores. Sampling makes it approximate: a
-region shorter than the sampling period can be counted as serial at its start. Results: docs/figures.md, "Where
-the second core waits".
+region shorter than the sampling period can be counted as serial at its start. Results:
+results/serial_time.json.
 """
 import argparse
 import bisect

@@ -9,7 +9,7 @@ parameters and biases: param_groups) from fixed random gradients. The MegEngine 
 A B then B A, each time ending with a value read back (queued work included); MegEngine's ops are single-threaded,
 so its rows do not depend on --threads. PyTorch (``--torch-python``: a python with torch) runs in its own process
 with the same parameter shapes and torch.set_num_threads, after the MegEngine rounds. Prints medians (ms) and ratios
-to PyTorch's time. Why the update stays on MegEngine's ops: docs/figures.md, "SGD update".
+to PyTorch's time. Why the update stays on MegEngine's ops: results/sgd.json.
 """
 import argparse
 import json
