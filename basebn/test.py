@@ -1,4 +1,5 @@
 """python -m basebn.test CONFIG.py -w WEIGHTS [--ema] [--backend B] [--threads N] [--json] [KEY=VALUE ...]
+   python -m basebn.test RUN_DIR|RUN_DIR/config.json [-w WEIGHTS] [--ema] [--json] [KEY=VALUE ...]
    python -m basebn.test zoo:NAME [--ema] [--backend B] [--json]
    python -m basebn.test ... --adapt none|bn_batch|adabn|tent [--episodic] [--adapt-lr LR] [--adapt-steps N]
                              [--adapt-optimizer adam|sgd] [--save-adapted OUT.npz [--force]]
@@ -7,7 +8,8 @@ WEIGHTS is a checkpoint file (.npz, or a legacy .pkl), a run directory (its fina
 basecls:PATH, timm:PATH (.safetensors), or an exported model (.mge / .onnx, from python -m basebn.deploy).
 --backend eager (default) runs the model in MegEngine; megengine / lite / onnxruntime export it on the fly
 to a temporary .mge / .onnx file (or take the -w file as is) and run that file in GraphInference /
-MegEngine Lite / onnxruntime.
+MegEngine Lite / onnxruntime. A run directory (or its config.json) as CONFIG evaluates with the run's resolved
+config, and without -w with the run's final weights (else its latest).
 """
 import json
 import os
@@ -19,11 +21,11 @@ from loguru import logger
 
 from . import distributed as dist
 from .cli import cli_main
-from .config import ConfigError
+from .config import ConfigError, run_dir_of
 from .deploy import BACKENDS, export_mge, export_onnx, load_exported
 from .deploy.evaluate import evaluate_exported
-from .engine.adapt_eval import (AdaptOptions, add_adapt_arguments, adapt_options_from_args, check_adapt_options,
-                                evaluate_with_adaptation)
+from .engine.adapt_eval import (AdaptedSaveError, AdaptOptions, add_adapt_arguments, adapt_options_from_args,
+                                check_adapt_options, evaluate_with_adaptation)
 from .engine.build import build_data, example_input, load_trained, resolve_config
 from .engine.evaluate import evaluate
 from .engine.logging import setup_logging
@@ -51,7 +53,8 @@ def test(cfg, weights, ema=False, backend="eager", threads=None, adapt=None):
 
     `backend` other than "eager" exports the model to a temporary file and evaluates that file; `weights`
     may also be an exported .mge/.onnx file itself (then `ema` must be False). `adapt` (an AdaptOptions)
-    selects test-time BN adaptation (basebn.engine.adapt_eval; eager backend only).
+    selects test-time BN adaptation (basebn.engine.adapt_eval; eager backend only); a ``--save-adapted`` file
+    that cannot be written at the end raises AdaptedSaveError, its metrics attached.
     """
     adapt = adapt or AdaptOptions()
     check_adapt_options(adapt, backend=backend, exported=is_exported_file(weights))
@@ -79,14 +82,16 @@ def test(cfg, weights, ema=False, backend="eager", threads=None, adapt=None):
 def _parse(argv):
     p = OneLineArgumentParser(prog="python -m basebn.test", description=__doc__.split("\n")[0])
     p.add_argument("config", metavar="CONFIG",
-                   help="experiment file, or zoo:NAME to evaluate a zoo entry with its own config")
+                   help="experiment file, a run directory or its config.json (the run's config; its weights "
+                        "without -w), or zoo:NAME to evaluate a zoo entry with its own config")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (e.g. data.root=...)")
     p.add_argument("-w", "--weights", help="checkpoint file, run directory, zoo:NAME or exported .mge/.onnx file")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     p.add_argument("--backend", default="eager", choices=["eager", *BACKENDS],
                    help="eager MegEngine (default), or an exported graph in megengine (GraphInference), "
                         "lite (MegEngine Lite) or onnxruntime")
-    p.add_argument("--threads", type=bounded_int(1, MAX_THREADS), help="runtime threads for an exported graph (default: the runtime's own)")
+    p.add_argument("--threads", type=bounded_int(1, MAX_THREADS),
+                   help="runtime threads for an exported graph (default: the runtime's own)")
     p.add_argument("--json", action="store_true", help='print a last line {"top1":..,"top5":..,"loss":..,"images":..}')
     add_adapt_arguments(p)
     return p.parse_intermixed_args(argv)
@@ -99,15 +104,21 @@ def main(argv=None):
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be at least 1, got {args.threads}")
     setup_logging(None)
-    cfg, weights = resolve_config(args.config, args.overrides, args.weights)
-    m = test(cfg, weights, ema=args.ema, backend=args.backend, threads=args.threads,
-             adapt=adapt_options_from_args(args))
+    cfg, weights = resolve_config(args.config, args.overrides, args.weights or run_dir_of(args.config))
+    try:
+        m, save_error = test(cfg, weights, ema=args.ema, backend=args.backend, threads=args.threads,
+                             adapt=adapt_options_from_args(args)), None
+    except AdaptedSaveError as exc:  # the metrics are still reported, then the one line, exit 1
+        m, save_error = exc.metrics, exc
     via = f" via {args.backend}" if args.backend != "eager" else " (exported)" if is_exported_file(weights) else ""
     via += f" adapted by {args.adapt}" if args.adapt != "none" else ""
     logger.info(f"{weights}{' (EMA)' if args.ema else ''}{via}: top1 {m['top1']:.2f} top5 {m['top5']:.2f} "
                 f"loss {m['loss']:.4f} on {m['images']} images")
     if args.json and dist.is_main_process():
         print(json.dumps(m))
+    if save_error is not None:
+        print(f"error: {save_error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,4 +1,8 @@
 """python -m basebn.train CONFIG.py [KEY=VALUE ...] [--resume [--allow-config-change] | --restart] [--devices N]
+   python -m basebn.train RUN_DIR --resume [KEY=VALUE ...]
+
+A run directory (or its config.json) as CONFIG is the run's resolved config with output_dir the run directory: its
+--resume needs no override again.
 
 Multi-process: on GPUs `--devices N` starts N processes with MegEngine's launcher (NCCL), and
 `--num-machines M --machine-rank R --dist-url tcp://HOST:PORT` spreads them over M machines;
@@ -24,13 +28,14 @@ from .engine.build import (build_data, build_ema, build_grad_scaler, build_preci
                            build_train_model, build_trainer, scaled_base_lr)
 from .engine.hooks import default_hooks
 from .engine.logging import setup_logging
+from .engine.lr_schedule import schedule_warning
 from .engine.metrics_log import metrics_path, truncate_metrics
 from .engine.resume_check import check_resume, config_changes, describe_changes
 from .engine.run_dir import open_run_dir
 from .engine.optimizer import build_optimizer
 from .engine.training_state import restore_training_state
 from .engine.run_record import RunRecord
-from .engine.trainer import NonFiniteLossError
+from .engine.trainer import NonFiniteTrainingError
 from .utils.cli_args import MAX_DEVICES, MAX_MACHINES, OneLineArgumentParser, bounded_int
 from .utils.cpu_runtime import use_inline_cpu_device
 from .utils.fs import atomic_write_bytes, remove_stale_tmp
@@ -77,6 +82,9 @@ def _start_logging(cfg, run_dir, moved_to):
             logger.info(f"removed {name}, left by a write that was interrupted")
     logger.info(f"run directory {run_dir}, {dist.get_world_size()} process(es), backend {dist.backend()}")
     logger.info("config differs from the defaults in: " + json.dumps(config_diff(cfg), default=str))
+    schedule = schedule_warning(cfg.solver, scaled_base_lr(cfg))
+    if schedule:
+        logger.warning(schedule)
 
 
 def _train_locked(cfg, run_dir, resume, moved_to):
@@ -141,7 +149,8 @@ def _resume(trainer, run_dir):
 
 def _parse(argv):
     p = OneLineArgumentParser(prog="python -m basebn.train", description=__doc__.split("\n")[0])
-    p.add_argument("config", metavar="CONFIG", help="experiment file, e.g. configs/quickstart.py")
+    p.add_argument("config", metavar="CONFIG", help="experiment file, e.g. configs/quickstart.py, or a run directory "
+                                                    "(or its config.json): the run's config, output_dir the run")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. solver.max_epoch=3")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue the run in output_dir from its last checkpoint")
@@ -222,7 +231,7 @@ def main(argv=None):
         return 0
     try:
         train(cfg, resume=args.resume, restart=args.restart)
-    except NonFiniteLossError as exc:
+    except NonFiniteTrainingError as exc:
         logger.error(str(exc) + _nonfinite_advice(cfg.output_dir))
         return 1
     return 0

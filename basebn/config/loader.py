@@ -1,7 +1,13 @@
-"""Load an experiment file, apply KEY=VALUE overrides, and check every key against the schema."""
+"""Load an experiment file or a run's resolved config, apply KEY=VALUE overrides, and check every key against the
+schema.
+
+A config is an experiment file (`Cfg` class in a .py file), a run directory (its config.json, the resolved config
+basebn.train wrote) or such a config.json itself; a run's config sets output_dir to the run directory.
+"""
 import ast
 import difflib
 import importlib.util
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -9,7 +15,10 @@ from collections.abc import Mapping
 from .checks import CheckFailed, check_values
 from .defaults import BaseConfig
 
-__all__ = ["ConfigError", "load_config", "parse_overrides", "flatten", "config_diff"]
+__all__ = ["ConfigError", "RUN_CONFIG", "load_config", "parse_overrides", "flatten", "config_diff", "run_dir_of",
+           "default_output_dir"]
+
+RUN_CONFIG = "config.json"  # the resolved config in a run directory
 
 
 class ConfigError(ValueError):
@@ -117,6 +126,9 @@ def config_class(path, relative_to=None):
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist (configs/ holds the shipped ones)")
     spec = importlib.util.spec_from_file_location(f"basebn_cfg_{abs(hash(path))}", path)
+    if spec is None:
+        raise ConfigError(f"config {path!r} is neither an experiment file (.py), a run directory nor a run's "
+                          f"{RUN_CONFIG}")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
@@ -140,19 +152,76 @@ def _load_file(path):
         raise ConfigError(f"config file {path!r}: Cfg() failed: {type(exc).__name__}: {exc}") from exc
 
 
+def _set(cfg, key, value):
+    node = cfg
+    *parents, leaf = key.split(".")
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+
+
+def _run_config_path(spec):
+    """RUN_DIR/config.json for a run directory, `spec` itself for a .json file, None for anything else."""
+    if not isinstance(spec, str):
+        return None
+    if os.path.isdir(spec):
+        return os.path.join(spec, RUN_CONFIG)
+    return spec if spec.lower().endswith(".json") else None
+
+
+def run_dir_of(spec):
+    """The run directory config `spec` names (a run directory, or the folder of a run's config.json), else None."""
+    path = _run_config_path(spec)
+    return None if path is None else os.path.normpath(os.path.dirname(path) or ".")
+
+
+def _load_run_config(path, schema):
+    """The BaseConfig a run's config.json records (JSON lists back to tuples), its keys checked against `schema`."""
+    if not os.path.isfile(path):
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder) or os.path.basename(path) != RUN_CONFIG:
+            raise ConfigError(f"config {path!r} does not exist")
+        raise ConfigError(f"{folder!r} holds no {RUN_CONFIG}, so it is not a run directory: give the experiment "
+                          f"file (.py), or a directory basebn.train wrote")
+    try:
+        with open(path, "rb") as f:
+            saved = json.loads(f.read().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path!r} is not a JSON config ({exc}); give a run's {RUN_CONFIG} or an experiment "
+                          f"file") from None
+    if not isinstance(saved, dict) or not {"model", "data", "solver"} <= set(saved):
+        raise ConfigError(f"{path!r} is not a config basebn.train wrote (a JSON object with model, data and solver)")
+    flat = flatten(saved)
+    check_keys(flat, schema, path)
+    cfg = BaseConfig()
+    for key, value in flat.items():
+        _set(cfg, key, tuple(value) if isinstance(value, list) else value)
+    return cfg
+
+
+def default_output_dir(path, file_model, model):
+    """runs/<config name>, or runs/<config name>-<model> when `model` is not the one the config file names
+    (`file_model`), so a run is named after what ran."""
+    stem = os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
+    return os.path.join("runs", stem if model == file_model else f"{stem}-{model}")
+
+
 def load_config(path, overrides=()):
-    """Return the resolved BaseConfig for experiment file `path` plus KEY=VALUE `overrides`."""
-    cfg = _load_file(path)
+    """Return the resolved BaseConfig for config `path` (experiment file, run directory or run's config.json)
+    plus KEY=VALUE `overrides`."""
     schema = flatten(BaseConfig())
-    check_keys(flatten(cfg), schema, path)
+    run_config = _run_config_path(path)
+    if run_config is not None:
+        cfg = _load_run_config(run_config, schema)
+        cfg.output_dir = run_dir_of(path)
+    else:
+        cfg = _load_file(path)
+        check_keys(flatten(cfg), schema, path)
+    file_model = cfg.model.name
     for key, value in parse_overrides(overrides, schema).items():
-        node = cfg
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+        _set(cfg, key, value)
     if cfg.output_dir is None:
-        cfg.output_dir = os.path.join("runs", os.path.splitext(os.path.basename(path))[0])
+        cfg.output_dir = default_output_dir(path, file_model, cfg.model.name)
     validate(cfg)
     return cfg
 

@@ -13,10 +13,13 @@ from loguru import logger
 from megengine.autodiff import GradManager
 
 from .. import distributed as dist
-from ..config import ConfigError, load_config
+from ..checkpoint import CheckpointError
+from ..config import ConfigError, flatten, load_config
+from ..config.recorded import config_mismatches, describe_mismatch, mismatch_refusal, recorded_config
 from ..data import DataError, build_dataset, build_loader, validate_dataset
+from ..data.errors import NoFullBatchError
 from ..layers import enable_efficient_conv_bn_eval, set_norm_batch_size
-from ..layers.kernel_autocheck import ensure_kernels_checked
+from ..ops.kernel_autocheck import ensure_kernels_checked
 from ..models import RESNET_FAMILIES, ZERO_INIT_FAMILIES, build_model, load_weights, model_info
 from ..models.weights import zoo_name
 from ..zoo import zoo_config_source
@@ -24,9 +27,10 @@ from .ema import ModelEMA, pycls_momentum
 from .losses import build_loss
 from .trainer import ClsTrainer
 
-__all__ = ["build_data", "build_train_data", "build_precise_bn_loader", "precise_bn_batch_size", "build_model_from_cfg",
-           "build_train_model", "scaled_base_lr", "build_grad_scaler", "build_ema", "build_grad_clip", "build_trainer",
-           "example_input", "zoo_config", "resolve_config", "load_trained", "check_input_size"]
+__all__ = ["build_data", "build_train_data", "build_precise_bn_data", "build_precise_bn_loader",
+           "precise_bn_batch_size", "build_model_from_cfg", "build_train_model", "scaled_base_lr", "build_grad_scaler",
+           "build_ema", "build_grad_clip", "build_trainer", "example_input", "zoo_config", "resolve_config",
+           "load_trained", "check_input_size"]
 
 
 def zoo_config(name, overrides=()):
@@ -60,17 +64,36 @@ def precise_bn_batch_size(cfg):
     return cfg.bn.precise_batch_size or cfg.bn.norm_batch_size or cfg.batch_size
 
 
+def _precise_bn_batch_key(cfg):
+    """The config key precise_bn_batch_size takes its value from."""
+    if cfg.bn.precise_batch_size:
+        return "bn.precise_batch_size"
+    return "bn.norm_batch_size" if cfg.bn.norm_batch_size else "batch_size"
+
+
+def build_precise_bn_data(cfg, seed=None):
+    """(dataset, loader) of a precise-BN pass: the training split, augmented, in batches of precise_bn_batch_size
+    (seed: the loader's, default cfg.seed). A split without one such batch per process is a DataError naming the
+    key the batch size comes from."""
+    size = precise_bn_batch_size(cfg)
+    try:
+        return build_data(cfg.clone().merge({"seed": cfg.seed if seed is None else seed, "batch_size": size}),
+                          train=True)
+    except NoFullBatchError as exc:
+        key = _precise_bn_batch_key(cfg)
+        raise DataError(f"{key}={size}: precise BN draws full batches of {size} training images, the training split "
+                        f"has {exc.samples} per process ({dist.get_world_size()} process(es)); lower {key}") from None
+
+
 def build_precise_bn_loader(cfg):
-    """The precise-BN loader (training split, augmentation, seed + 1, batches of precise_bn_batch_size), or
-    None when precise BN is off: bn.precise_every_n_epoch inf, or bn.norm_eval (fine-tuning keeps the BN
-    statistics it started from)."""
+    """The precise-BN loader (build_precise_bn_data's, seed + 1), or None when precise BN is off:
+    bn.precise_every_n_epoch inf, or bn.norm_eval (fine-tuning keeps the BN statistics it started from)."""
     if cfg.bn.precise_every_n_epoch == math.inf:
         return None
     if cfg.bn.norm_eval:
         logger.info("precise BN off: bn.norm_eval keeps BN statistics frozen")
         return None
-    return build_data(cfg.clone().merge({"seed": cfg.seed + 1, "batch_size": precise_bn_batch_size(cfg)}),
-                      train=True)[1]
+    return build_precise_bn_data(cfg, seed=cfg.seed + 1)[1]
 
 
 def build_model_from_cfg(cfg, in_channels):
@@ -175,12 +198,22 @@ def resolve_config(spec, overrides, weights):
 
 
 def load_trained(cfg, weights, ema=False):
-    """(model with `weights` loaded, test dataset, test loader) for config `cfg`."""
+    """(model with `weights` loaded, test dataset, test loader) for config `cfg`. Where cfg differs from the config
+    the weights record on a key that changes results (config/recorded.py), weights that do not fit are refused in
+    one line naming the recorded values, and weights that fit load with one warning line per key."""
     dist.init("auto")
     ds, loader = build_data(cfg, train=False)
     model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])
     check_input_size(model, ds.image_shape, cfg.model.name)
-    load_weights(model, weights, ema=ema)
+    mismatches = config_mismatches(flatten(cfg), recorded_config(weights))
+    try:
+        load_weights(model, weights, ema=ema)
+    except CheckpointError:
+        if mismatches:  # the recorded config says why, where the key lists would not
+            raise CheckpointError(mismatch_refusal(weights, mismatches)) from None
+        raise
+    for key, recorded, given in mismatches:
+        logger.warning(describe_mismatch(weights, key, recorded, given))
     return model, ds, loader
 
 

@@ -1,20 +1,26 @@
-"""Per-iteration learning-rate schedule with linear warm-up."""
+"""Per-iteration learning-rate schedule with linear warm-up, and the warning for a schedule that never reaches its
+base lr (a warm-up as long as the run, or a decay that starts long before the warm-up ends)."""
 import bisect
 import math
 
-__all__ = ["lr_at"]
+__all__ = ["lr_at", "schedule_factor", "peak_factor", "schedule_warning", "PEAK_FRACTION"]
+
+PEAK_FRACTION = 0.5  # schedule_warning speaks when the highest lr is below this fraction of the base lr
+_PEAK_SAMPLES = 2000  # points of the run at which peak_factor evaluates the schedule
 
 
 def lr_at(it, iters_per_epoch, solver, base_lr):
-    """Learning rate for 0-based global iteration `it`.
+    """Learning rate for 0-based global iteration `it`: base_lr * schedule_factor(it / iters_per_epoch, solver)."""
+    return base_lr * schedule_factor(it / iters_per_epoch, solver)
 
-    The schedule runs on the continuous epoch t = it / iters_per_epoch:
+
+def schedule_factor(t, solver):
+    """The lr as a fraction of the base lr at continuous epoch `t` (0-based):
       cosine: min + (1 - min) * (1 + cos(pi * t / max_epoch)) / 2
       linear: min + (1 - min) * (1 - t / max_epoch)
       step:   decay_factor ** (number of decay steps <= t)
     times a warm-up factor rising linearly from warmup_factor to 1 over warmup_epochs.
     """
-    t = it / iters_per_epoch
     if solver.lr_schedule == "cosine":
         f = solver.lr_min_factor + (1 - solver.lr_min_factor) * 0.5 * (1 + math.cos(math.pi * t / solver.max_epoch))
     elif solver.lr_schedule == "linear":
@@ -26,4 +32,25 @@ def lr_at(it, iters_per_epoch, solver, base_lr):
     if t < solver.warmup_epochs:
         alpha = t / solver.warmup_epochs
         f *= solver.warmup_factor * (1 - alpha) + alpha
-    return base_lr * f
+    return f
+
+
+def peak_factor(solver):
+    """The highest lr of the whole run as a fraction of the base lr (the schedule at 2,000 evenly spaced epochs)."""
+    return max(schedule_factor(solver.max_epoch * i / _PEAK_SAMPLES, solver) for i in range(_PEAK_SAMPLES))
+
+
+def schedule_warning(solver, base_lr):
+    """One line when the warm-up lasts the whole run (solver.warmup_epochs >= solver.max_epoch, so the lr never
+    reaches `base_lr`) or the lr never gets above PEAK_FRACTION of `base_lr`; None for a schedule that does."""
+    peak = peak_factor(solver)
+    warmup, epochs = solver.warmup_epochs, solver.max_epoch
+    shorter = f"solver.warmup_epochs={epochs / 10:g}"
+    highest = f"the lr peaks at {base_lr * peak:.3g} ({peak:.0%} of its base {base_lr:.3g})"
+    if warmup >= epochs and peak < 1:
+        return (f"solver.warmup_epochs={warmup:g} >= solver.max_epoch={epochs}: the warm-up never ends and {highest}; "
+                f"shorten the warm-up (e.g. {shorter}) or train longer")
+    if peak < PEAK_FRACTION:
+        return (f"{highest}: the {solver.lr_schedule} decay of solver.max_epoch={epochs} is far along when the "
+                f"warm-up (solver.warmup_epochs={warmup:g}) ends; shorten the warm-up (e.g. {shorter})")
+    return None

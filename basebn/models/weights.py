@@ -8,6 +8,7 @@ weights of model NAME, fetched by basecls_fetch, made RGB-input) or `timm:PATH` 
 build_model) to pick the name map of :mod:`basebn.models.convert`.
 """
 import os
+from typing import Dict, Optional, Tuple
 
 import megengine.module as M
 import numpy as np
@@ -15,7 +16,7 @@ from loguru import logger
 from safetensors import SafetensorError
 from safetensors.numpy import load_file as load_safetensors
 
-from ..checkpoint import CheckpointError, load_checkpoint, load_model_state, resolve_weights
+from ..checkpoint import CheckpointError, load_checkpoint, load_model_state, member_fit, resolve_weights
 from ..checkpoint.legacy import load_restricted_pickle
 from ..layers.norm import is_bn
 from ..zoo import load_zoo_weights
@@ -86,8 +87,7 @@ def read_foreign_state(spec, model, ema=False):
         raise CheckpointError(f"{spec}: the target model has no arch_name / arch_family (build it with "
                               f"basebn.models.build_model) so the {fmt} name map cannot be chosen")
     own_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    linears = [name for name, m in model.named_modules() if isinstance(m, M.Linear)]
-    head = [f"{name}.{leaf}" for name in linears for leaf in ("weight", "bias")]  # may be resized (allow_new_head)
+    head = _linear_keys(model)  # may be resized (allow_new_head)
     eps = sorted({m.eps for m in model.modules() if is_bn(m)} - {FOREIGN_BN_EPS})
     if eps:
         logger.warning(f"{spec}: basecls's models and timm's PyTorch ports use BN eps {FOREIGN_BN_EPS}, this model "
@@ -100,14 +100,37 @@ def read_foreign_state(spec, model, ema=False):
     return bgr_to_rgb_input(state, model), source  # basecls's models take BGR images, basebn's RGB
 
 
+def _linear_keys(model):
+    """The weight and bias keys of `model`'s Linear layers: the classifiers allow_new_head may resize."""
+    linears = [name for name, m in model.named_modules() if isinstance(m, M.Linear)]
+    return [f"{name}.{leaf}" for name in linears for leaf in ("weight", "bias")]
+
+
 def zoo_name(spec):
     """NAME for `zoo:NAME`, None for any other spec."""
     return spec[len(ZOO_PREFIX):] if isinstance(spec, str) and spec.startswith(ZOO_PREFIX) else None
 
 
-def read_weights(spec, ema=False, model=None):
-    """-> (model state as a numpy dict, source description); the EMA weights with ema=True. `timm:` and
-    `basecls:` specs need `model` (the target) to be converted."""
+def read_weights(spec: str, ema: bool = False, model: Optional[M.Module] = None,
+                 allow_new_head: bool = False) -> Tuple[Dict[str, np.ndarray], str]:
+    """The model state a weights spec names, as numpy arrays.
+
+    Given `model`, a checkpoint or weights .npz whose arrays cannot fit it (shape, dtype or name; a classifier
+    of another size with allow_new_head) is refused from its .npy headers, before any array is read.
+
+    Args:
+        spec: `zoo:NAME`, a checkpoint or weights file, a run directory, `basecls:PATH`, `basecls:NAME` or
+            `timm:PATH`.
+        ema: the EMA weights of a checkpoint instead of the model's.
+        model: the target model; needed by `timm:` and `basecls:` specs (to convert the names).
+        allow_new_head: with `model`, accept a classifier of another size.
+
+    Returns:
+        (model state as a numpy dict, a description of the source for messages).
+
+    Raises:
+        CheckpointError: the spec cannot be read, holds no EMA weights with ema=True, or does not fit `model`.
+    """
     if foreign_spec(spec) is not None:
         if model is None:
             raise CheckpointError(f"{spec}: reading {foreign_spec(spec)[0]} weights needs the target model")
@@ -116,7 +139,8 @@ def read_weights(spec, ema=False, model=None):
     if name is not None:
         return load_zoo_weights(name, ema=ema), f"{spec} (EMA)" if ema else spec
     path = resolve_weights(spec)
-    ckpt = load_checkpoint(path)
+    fits = None if model is None else member_fit(model, resizable=_linear_keys(model) if allow_new_head else ())
+    ckpt = load_checkpoint(path, fits)
     if ema:
         if not ckpt.get("ema"):
             raise CheckpointError(f"{path!r} holds no EMA weights (was model_ema.enabled=True?)")
@@ -138,9 +162,20 @@ def resized_classifier_keys(model, state):
     return keys
 
 
-def load_weights(model, spec, ema=False, allow_new_head=False):
-    """Load weights into `model`; with allow_new_head a classifier of another size is left initialised."""
-    state, source = read_weights(spec, ema=ema, model=model)
+def load_weights(model: M.Module, spec: str, ema: bool = False, allow_new_head: bool = False) -> None:
+    """Load weights into `model`; with allow_new_head a classifier of another size is left initialised.
+
+    Args:
+        model: the model to load into (built by build_model for `timm:` and `basecls:` specs).
+        spec: `zoo:NAME`, a checkpoint or weights file, a run directory, `basecls:PATH`, `basecls:NAME` or
+            `timm:PATH`.
+        ema: load the EMA weights of a checkpoint that holds them.
+        allow_new_head: keep the model's own classifier where the weights' is of another size.
+
+    Raises:
+        CheckpointError: the spec cannot be read, or its arrays do not fit `model`.
+    """
+    state, source = read_weights(spec, ema=ema, model=model, allow_new_head=allow_new_head)
     own = model.state_dict()
     if allow_new_head:
         head = resized_classifier_keys(model, state)

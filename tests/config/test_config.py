@@ -27,10 +27,10 @@ def test_file_and_overrides_merge_with_defaults(tmp_path):
     assert cfg.bn.precise_every_n_epoch == math.inf
     assert cfg.data.mean == (1.0,)
     assert cfg.solver.momentum == BaseConfig().solver.momentum  # untouched default survives the merge
-    assert cfg.output_dir == "runs/exp"
+    assert cfg.output_dir == "runs/exp-resnet32"  # the model is not the file's: the run is named after both
     assert config_diff(cfg) == {"batch_size": 32, "solver.max_epoch": 3, "solver.basic_lr": 0.05,
                                 "model.name": "resnet32",
-                                "data.mean": (1.0,), "output_dir": "runs/exp"}
+                                "data.mean": (1.0,), "output_dir": "runs/exp-resnet32"}
 
 
 def test_int_given_for_float_is_accepted(tmp_path):

@@ -1,9 +1,11 @@
 import math
+import os
 
+import numpy as np
 import pytest
 
-from basebn.config import BaseConfig
-from basebn.engine.lr_schedule import lr_at
+from basebn.config import BaseConfig, load_config
+from basebn.engine.lr_schedule import PEAK_FRACTION, lr_at, schedule_warning
 
 
 def solver(**kw):
@@ -41,3 +43,41 @@ def test_step_schedule():
 def test_linear_schedule():
     s = solver(lr_schedule="linear", max_epoch=5, warmup_epochs=0, lr_min_factor=0.0)
     assert lr_at(250, 100, s, 1.0) == pytest.approx(0.5)
+
+
+def closed_form_peak(max_epoch, warmup_epochs, warmup_factor, points=200_001):
+    """The highest cosine-with-warm-up factor over the run (lr_min 0), from the formula on a fine numpy grid."""
+    t = np.linspace(0.0, max_epoch, points)
+    alpha = np.minimum(t / warmup_epochs, 1.0)
+    return float(np.max(0.5 * (1 + np.cos(np.pi * t / max_epoch)) * (warmup_factor * (1 - alpha) + alpha)))
+
+
+def test_warmup_as_long_as_the_run_is_one_warning_line(repo_root):
+    cfg = load_config(os.path.join(repo_root, "configs", "imagenet_resnet50.py"), ["solver.max_epoch=2"])
+    line = schedule_warning(cfg.solver, cfg.solver.basic_lr)
+    peak = closed_form_peak(2, 5, 0.1)
+    assert line is not None and "\n" not in line
+    assert line.startswith("solver.warmup_epochs=5 >= solver.max_epoch=2: the warm-up never ends")
+    assert f"{peak:.0%} of its base 0.025" in line and f"peaks at {0.025 * peak:.3g}" in line
+
+
+def test_a_peak_far_below_the_base_lr_is_one_warning_line():
+    s = solver(lr_schedule="cosine", max_epoch=8, warmup_epochs=5, warmup_factor=0.1, lr_min_factor=0.0)
+    peak = closed_form_peak(8, 5, 0.1)
+    assert peak < PEAK_FRACTION
+    line = schedule_warning(s, 1.0)
+    assert line is not None and "\n" not in line and f"({peak:.0%} of its base 1)" in line
+    assert "solver.warmup_epochs=5" in line and "solver.max_epoch=8" in line
+
+
+@pytest.mark.parametrize("overrides", [[], ["solver.max_epoch=10"]])
+def test_the_shipped_recipe_gets_no_warning(repo_root, overrides):
+    cfg = load_config(os.path.join(repo_root, "configs", "imagenet_resnet50.py"), overrides)
+    assert closed_form_peak(cfg.solver.max_epoch, 5, 0.1) >= PEAK_FRACTION
+    assert schedule_warning(cfg.solver, cfg.solver.basic_lr) is None
+
+
+def test_no_warmup_effect_means_no_warning():
+    # warmup_factor 1: the "warm-up" starts at the base lr, so the run reaches it whatever its length
+    assert schedule_warning(solver(max_epoch=2, warmup_epochs=5, warmup_factor=1.0), 0.1) is None
+    assert schedule_warning(solver(max_epoch=2, warmup_epochs=0), 0.1) is None

@@ -58,8 +58,10 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(tiny, tmp_path):
     r = run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=3", "solver.basic_lr=1e30",
              "solver.warmup_epochs=0", "--resume", "--allow-config-change"])
     assert r.returncode == 1
-    assert "loss is nan" in r.stderr.lower() or "loss is inf" in r.stderr.lower()
-    assert "iteration" in r.stderr
+    # the first step at lr 1e30 leaves finite weights whose loss is finite and gradients are not: the skipped steps
+    # stop the run (a NaN loss would stop it at the loss check)
+    assert "5 optimizer steps in a row skipped (non-finite gradients), the last at epoch 2 iteration 6" in r.stderr
+    assert f"The last checkpoint {os.path.join(run_dir, 'latest.npz')} is intact" in r.stderr
     assert open(os.path.join(run_dir, "latest.npz"), "rb").read() == before
 
 
@@ -78,7 +80,8 @@ def test_test_cli_rejects_other_architecture_and_corrupt_file(tiny, tmp_path):
     run_dir = str(tmp_path / "run")
     assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
     r = run(["basebn.test", tiny, "-w", run_dir, "model.name=resnet32"])
-    assert r.returncode == 2 and "missing in checkpoint" in r.stderr and "layer1.3" in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr  # the checkpoint's config says why, in one line
+    assert "was trained with model.name='resnet20' (the config gives 'resnet32')" in r.stderr.splitlines()[-1]
     bad = tmp_path / "bad.npz"
     bad.write_bytes(open(os.path.join(run_dir, "final.npz"), "rb").read()[:100])
     r = run(["basebn.test", tiny, "-w", str(bad)])
