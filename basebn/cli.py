@@ -1,11 +1,11 @@
 """What every CLI shares: one clear line for what a user can fix, and no rank left waiting.
 
-User errors print `error: ...` and exit 2; a full or read-only disk, or a permission the process lacks, prints
-one line naming which and exits 1; Ctrl-C prints one line and exits 130, SIGTERM (what job schedulers send)
-the same line and 143 (128 + the signal's number, as for Ctrl-C), even when a finalizer swallowed the exception
-(the trainer raises it again: utils/interrupts.py). In a multi-process job a failing rank ends
-the whole job (MPI_Abort), after a short pause on ranks other than 0 so that rank 0's own error, when it has
-one, is the one printed.
+User errors print `error: ...` and exit 2 (a bad BASEBN_* variable too: checked first, utils/env_vars.py); a full or
+read-only disk, or a permission the process lacks, prints one line naming which and exits 1; Ctrl-C prints one line
+and exits 130, SIGTERM (what job schedulers send) the same line and 143 (128 + the signal's number, as for Ctrl-C),
+even when a finalizer swallowed the exception (the trainer raises it again: utils/interrupts.py). In a multi-process
+job a failing rank ends the whole job (MPI_Abort), after a short pause on ranks other than 0 so that rank 0's own
+error, when it has one, is the one printed.
 """
 import errno
 import functools
@@ -16,20 +16,19 @@ import threading
 import time
 import traceback
 
-import megengine as mge
-
 from . import distributed
 from .checkpoint import CheckpointError
 from .config import ConfigError
 from .data import DataError
 from .engine.run_dir import RunDirError
 from .utils import interrupts
-from .utils.cpu_runtime import lower_event_poller_priority, tune_cpu_runtime
+from .utils.cpu_runtime import quiet_device_probe  # (part of this module's API: the CLIs' start)
+from .utils.env_vars import EnvVarError, check_environment
 from .zoo import ZooError
 
 __all__ = ["USER_ERRORS", "Terminated", "cli_main", "quiet_device_probe"]
 
-USER_ERRORS = (ConfigError, DataError, CheckpointError, ZooError, RunDirError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, ZooError, RunDirError, EnvVarError)
 # what the machine, not the code, got wrong: reported in one line, each with its own advice
 _DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
 _LATE_RANK_PAUSE_S = 0.5
@@ -39,29 +38,6 @@ _RESUME_HINT = "a training run continues from its last checkpoint with --resume"
 class Terminated(KeyboardInterrupt):
     """Raised in the main thread when SIGTERM arrives, so it ends a run as Ctrl-C does (clean-up runs,
     checkpoints stay intact); a KeyboardInterrupt, so every `except KeyboardInterrupt` treats it alike."""
-
-
-def quiet_device_probe():
-    """Probe for CUDA once with stderr silenced: on a CPU machine MegEngine prints a five-line banner and
-    `debug: failed to load cuda func` lines at its first device query; after the probe nothing is silenced.
-    Without CUDA, :func:`.utils.cpu_runtime.tune_cpu_runtime` runs before the probe's first operation (which
-    reads the worker spin; MegEngine's warning that names the spin goes to the silenced stderr), and
-    :func:`.utils.cpu_runtime.lower_event_poller_priority` after it (the operation starts MegEngine's poller)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        on_cpu = not mge.is_cuda_available()
-        if on_cpu:
-            tune_cpu_runtime()
-        mge.tensor(0).numpy()
-        if on_cpu:
-            lower_event_poller_priority()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 def _os_error_line(exc):
@@ -144,6 +120,7 @@ def _reported(main, argv):
     """Run `main(argv)`; a user error, an interrupt or a disk/permission error becomes one line and an exit code."""
     try:
         try:
+            check_environment()  # every BASEBN_* variable, before anything reads one
             quiet_device_probe()
             return main(argv)
         except (*USER_ERRORS, KeyboardInterrupt, OSError) as exc:

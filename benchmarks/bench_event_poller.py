@@ -22,11 +22,11 @@ sys.path.insert(0, ROOT)
 WORKER = r'''
 import os, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
+os.environ["BASEBN_TUNE_CPU"] = "0"  # this benchmark sets the poller's priority itself: import basebn leaves it
 import benchmarks.bench_train_step as bench
-import basebn.cli as cli
 from basebn.utils.cpu_runtime import EVENT_POLLER_THREAD
-cli.lower_event_poller_priority = lambda: []  # this benchmark sets the poller's priority itself
-bench.quiet_device_probe()
+bench.tune_cpu_runtime()
+bench.quiet_device_probe(tune=False)
 bench.use_inline_cpu_device(omp_spin=True)
 runner = bench.MegEngineRunner("basebn", sys.argv[2], None)
 tids = [int(t) for t in os.listdir("/proc/self/task")

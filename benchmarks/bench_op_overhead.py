@@ -32,7 +32,7 @@ if sys.argv[2] in ("tuned", "cpu0"):
     tune_cpu_runtime()
 if sys.argv[2] == "tuned":
     use_inline_cpu_device(omp_spin=True)
-from basebn.layers import bn_ops, conv_ops
+from basebn.ops import bn_ops, conv_ops
 calls = int(sys.argv[3])
 geom = conv_ops.ConvGeometry(stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1)
 tiny_x, tiny_w = mge.tensor(np.ones((1, 1, 1, 1), np.float32)), mge.tensor(np.ones((1, 1, 1, 1), np.float32))
@@ -59,7 +59,8 @@ print("@@" + json.dumps(out))
 
 
 def run_one(mode, threads, calls):
-    out = subprocess.run([sys.executable, "-c", WORKER, ROOT, mode, str(calls)], env=thread_env(threads),
+    env = dict(thread_env(threads), BASEBN_TUNE_CPU="0")  # import basebn tunes nothing: the worker says what runs
+    out = subprocess.run([sys.executable, "-c", WORKER, ROOT, mode, str(calls)], env=env,
                          capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"{mode} worker failed:\n{out.stderr[-3000:]}")

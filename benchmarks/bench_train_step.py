@@ -1,9 +1,10 @@
 """One CPU training step (forward, backward, SGD update, loss.item()): basebn vs plain MegEngine vs PyTorch.
 
     .venv/bin/python benchmarks/bench_train_step.py [--models resnet20 resnet18 mbnetv2] [--threads 1 2]
-        [--runners basebn basebn-poller basebn-passive basebn-mmap basebn-blocked basebn-portable basebn-untuned mge
-         torch torchc]
+        [--runners basebn library library-inplace basebn-poller basebn-passive basebn-mmap basebn-blocked
+         basebn-portable basebn-untuned basebn-cpu0 mge torch torchc]
         [--rounds 4] [--steps 2] [--warmup 2] [--torch-python PY | --install-torch] [--json OUT] [--profile]
+        [--results results/train_step.json]
         [--same-window]
 
 Models: ResNet-20 width 16 (small stem) on 1x28x28 batch 128; ResNet-18 (ImageNet stem) on 3x112x112
@@ -11,6 +12,10 @@ batch 32; MobileNetV2 x1.0 on 3x112x112 batch 32. Runners, each in its own proce
 thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
   basebn  build_model(...) as the trainer builds it (basebn Conv2d, BatchNorm2d), build_optimizer's SGD, in a
           process started as basebn.train starts (tune_cpu_runtime, then use_inline_cpu_device: cpu:default)
+  library a user's own loop (docs/library.md): ``import basebn`` (which tunes the process as the CLIs start) and
+          ``basebn.setup_cpu_training()``, then basebn's model from ``basebn.models.build_model``, MegEngine's
+          ``optim.SGD`` over all parameters and ``GradManager``, nothing else of basebn's
+  library-inplace as library, with basebn.engine.optimizer.InplaceSGD (same arguments) for MegEngine's SGD
   basebn-poller   as basebn, but MegEngine's event poller keeps its priority (lower_event_poller_priority skipped)
   basebn-passive  as basebn, but with OMP_WAIT_POLICY=PASSIVE in its environment (no GOMP_SPINCOUNT from
           use_inline_cpu_device: the OpenMP worker sleeps after every parallel region, the default before)
@@ -23,14 +28,17 @@ thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
   basebn-portable as basebn, but with BASEBN_KERNEL_PORTABLE=1 in its environment: the kernel library built
           without -mavx2 (SSE2 vectors) on a CPU with AVX2, as before the AVX2 build
   basebn-untuned  the same with MegEngine's and glibc's default device (cpu0), worker spin and malloc settings
+          (BASEBN_TUNE_CPU=0: ``import basebn`` leaves them alone)
   basebn-cpu0     tuned, but on MegEngine's cpu0 device (its kernels on a dispatcher thread) instead of cpu:default
-  mge     the same model with every conv / BN turned into plain M.Conv2d / M.BatchNorm2d, MegEngine's SGD
+  mge     the same model with every conv / BN turned into plain M.Conv2d / M.BatchNorm2d, MegEngine's SGD,
+          MegEngine's and glibc's defaults as basebn-untuned
   torch   a hand-written PyTorch equivalent (same shapes; parameter counts printed), SGD with the same
           momentum / weight decay groups; run with --torch-python (or --install-torch: CACHE/torchvenv)
   torchc  the PyTorch runner with torch.compile (inductor, CPU; compiled in the warm-up steps): the higher anchor
-MegEngine runs on ``--mge-device``: default, the runner's own (``basebn``: cpu:default, as basebn.train;
-``basebn-untuned``, ``basebn-cpu0``, ``mge``: cpu0); ``cpu0`` or ``multithread`` (``multithreadT:0``) for all. Rounds alternate A B C, C B A, ...; each step is timed inside its process
-(medians and minima printed, ratios of medians to torch). ``--same-window``: per model, every thread count's
+MegEngine runs on ``--mge-device``: default, the runner's own (``basebn``, ``library``: cpu:default, as basebn.train;
+``basebn-untuned``, ``basebn-cpu0``, ``mge``: cpu0); ``cpu0`` or ``multithread`` (``multithreadT:0``) for all.
+Rounds alternate A B C, C B A, ...; each step is timed inside its process (medians and minima printed, ratios of
+medians to torch). ``--same-window``: per model, every thread count's
 runners start together and alternate as one set, so each 1 -> N-thread speed-up is measured under one stretch of
 the host's load (this VM's load moves steps ±20% within minutes), and basebn's speed-up over PyTorch's is also
 taken round by round (each round's four measurements are neighbours in time), printed as a median with a bootstrap
@@ -49,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import shlex
 import time
 
 import numpy as np
@@ -65,7 +74,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import basebn.cli as basebn_cli  # noqa: E402
+import basebn  # noqa: E402
 import basebn.layers.conv as conv_module  # noqa: E402
 from basebn.cli import quiet_device_probe  # noqa: E402
 from basebn.config import BaseConfig  # noqa: E402
@@ -73,7 +82,8 @@ from basebn.engine.ema import ModelEMA  # noqa: E402
 from basebn.engine.optimizer import build_optimizer, param_groups  # noqa: E402
 from basebn.layers.module_tree import replace_modules  # noqa: E402
 from basebn.models import build_model  # noqa: E402
-from basebn.utils.cpu_runtime import use_inline_cpu_device  # noqa: E402
+from basebn.utils.cpu_runtime import TUNE_SWITCH, tune_cpu_runtime, use_inline_cpu_device  # noqa: E402
+from results_file import add_results_argument, append_run, run_record, version_in  # noqa: E402
 
 CACHE = os.path.abspath(os.environ.get("BASEBN_BENCH_CACHE")
                         or os.path.join(os.path.expanduser("~"), ".cache", "basebn", "bench"))
@@ -239,6 +249,35 @@ class MegEngineRunner:
                 "profiled": profiled, "kernels": kernels}
 
 
+class LibraryLoop:
+    """A user's own training step (docs/library.md): basebn's model, MegEngine's SGD (every parameter decayed, as
+    ``optim.SGD(model.parameters(), ...)`` is written; ``inplace``: basebn's InplaceSGD, same arguments) and
+    GradManager; the trainer's code is not involved."""
+
+    def __init__(self, model_key, inplace=False):
+        name, kwargs, shape, batch, classes = MODELS[model_key]
+        mge.random.seed(0)
+        self.model = basebn.models.build_model(name, num_classes=classes, **kwargs)
+        self.model.train()
+        self.gm = GradManager().attach(self.model.parameters())
+        sgd = basebn.engine.optimizer.InplaceSGD if inplace else optim.SGD
+        self.optimizer = sgd(self.model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+        rng = np.random.default_rng(0)
+        self.x = mge.tensor(rng.standard_normal((batch,) + shape).astype(np.float32))
+        self.y = mge.tensor(rng.integers(0, classes, batch).astype(np.int32))
+        self.params = int(sum(p.size for p in self.model.parameters()))
+
+    def step(self):
+        """One training step as a user writes it; returns its wall time."""
+        t0 = time.perf_counter()
+        with self.gm:
+            loss = F.nn.cross_entropy(self.model(self.x), self.y)
+            self.gm.backward(loss)
+        self.optimizer.step().clear_grad()
+        loss.item()
+        return time.perf_counter() - t0
+
+
 def _kernel_times(trace_dir):
     """{op name: [count, seconds]} of the device kernels in the profiler's chrome trace."""
     files = glob.glob(os.path.join(trace_dir, "*.json"))
@@ -288,24 +327,35 @@ ENV_VARIANTS = {"basebn": {}, "basebn-poller": {}, "basebn-passive": dict(OMP_WA
                 "basebn-mmap": dict(MALLOC_MMAP_MAX_="65536"),
                 "basebn-blocked": dict(BASEBN_CONV_PLAIN_1X1="0", BASEBN_CONV_DEPTHWISE="0"),
                 "basebn-portable": dict(BASEBN_KERNEL_PORTABLE="1")}
-MEGENGINE_RUNNERS = tuple(ENV_VARIANTS) + ("basebn-untuned", "basebn-cpu0", "mge")
+MEGENGINE_RUNNERS = tuple(ENV_VARIANTS) + ("library", "library-inplace", "basebn-untuned", "basebn-cpu0", "mge")
+# runners whose `import basebn` must leave the process alone (basebn-poller then tunes all but the poller itself)
+UNTUNED_IMPORT = {"basebn-poller", "basebn-untuned", "mge"}
 
 
 def worker_main(args):
     """A MegEngine runner serving commands on stdin: run N steps, profile, quit. ``basebn`` starts as the CLIs
     do (quiet_device_probe: tune_cpu_runtime before the first operation); ``basebn-untuned`` and ``mge`` keep
     MegEngine's and glibc's defaults; ``basebn`` then runs on MegEngine's inline CPU device as basebn.train
-    (use_inline_cpu_device), ``basebn-cpu0`` stays on cpu0."""
-    if args.worker == "basebn-poller":
-        basebn_cli.lower_event_poller_priority = lambda: []  # the A/B of that one setting
-    if args.worker in ENV_VARIANTS or args.worker == "basebn-cpu0":
+    (use_inline_cpu_device), ``basebn-cpu0`` stays on cpu0; ``library`` is a user's own loop after the one call
+    docs/library.md makes."""
+    if args.worker == "basebn-poller":  # the A/B of that one setting
+        tune_cpu_runtime()
+        quiet_device_probe(tune=False)
+    elif args.worker in ENV_VARIANTS or args.worker == "basebn-cpu0":
         quiet_device_probe()
     device = args.device
-    if not device and args.worker in ENV_VARIANTS:
-        use_inline_cpu_device(omp_spin=True)
-    elif not device:
-        device = "cpu0"
-    runner = MegEngineRunner("mge" if args.worker == "mge" else "basebn", args.model, device)
+    if args.worker.startswith("library"):
+        if device:
+            CompNode._set_default_device(device)
+        else:
+            basebn.setup_cpu_training()
+        runner = LibraryLoop(args.model, inplace=args.worker == "library-inplace")
+    else:
+        if not device and args.worker in ENV_VARIANTS:
+            use_inline_cpu_device(omp_spin=True)
+        elif not device:
+            device = "cpu0"
+        runner = MegEngineRunner("mge" if args.worker == "mge" else "basebn", args.model, device)
     for _ in range(args.warmup):
         runner.step()
     _reply({"ready": True, "params": runner.params})
@@ -533,7 +583,8 @@ def start_runners(args, model, threads, tmp):
             continue
         argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", model,
                 "--device", device, "--warmup", str(args.warmup)]
-        runners.append(Runner(kind, argv, dict(env, **ENV_VARIANTS.get(kind, {})), log, cores))
+        extra = dict(ENV_VARIANTS.get(kind, {}), **({TUNE_SWITCH: "0"} if kind in UNTUNED_IMPORT else {}))
+        runners.append(Runner(kind, argv, dict(env, **extra), log, cores))
     return runners, device
 
 
@@ -588,6 +639,7 @@ def same_window(args):
                     if ref in ups and "basebn" in ups:
                         mid, lo, hi = paired_speedup_ratio(rows[first]["times"], rows[threads]["times"], "basebn",
                                                            ref, args.steps)
+                        rows[threads].setdefault("paired", {})[ref] = [mid, lo, hi]
                         print(f"    basebn's speed-up / {ref}'s, round by round: median {mid:.3f}, 95% bootstrap "
                               f"interval {lo:.3f}-{hi:.3f} ({args.rounds} rounds)", flush=True)
     return results
@@ -650,7 +702,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--runners", nargs="+", default=["basebn", "mge", "torch"],
+    ap.add_argument("--runners", nargs="+", default=["basebn", "library", "mge", "torch"],
                     choices=list(MEGENGINE_RUNNERS) + ["torch", "torchc"],
                     help="torchc: PyTorch with torch.compile (inductor, CPU), the higher anchor")
     ap.add_argument("--rounds", type=int, default=4)
@@ -669,6 +721,7 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="also profile basebn's step and PyTorch's")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
+    add_results_argument(ap)
     ap.add_argument("--worker", choices=MEGENGINE_RUNNERS,
                     help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -686,6 +739,36 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    if args.results:
+        kind = ("same-window-pinned" if args.pin_cores else "same-window") if args.same_window else "thread-by-thread"
+        record = run_record(kind, shlex.join(["benchmarks/bench_train_step.py"] + (argv or sys.argv[1:])),
+                            args.threads, results_figures(results),
+                            torch_version=version_in(args.torch, "torch") if args.torch else None)
+        append_run(args.results, record, "benchmarks/bench_train_step.py",
+                   "one CPU training step (forward, backward, SGD, loss.item()): basebn vs PyTorch")
+
+
+def results_figures(results):
+    """A run's figures in results/train_step.json's layout: per model, the median ms and the ratios basebn / each
+    other runner per thread count, the first -> last thread count's speed-ups, and the paired ratios
+    ([median, low, high] of basebn's speed-up over a reference's, same-window runs only)."""
+    figures = {}
+    for res in results:
+        f = figures.setdefault(res["model"], {})
+        threads = str(res["threads"])
+        med = {k: statistics.median(v) * 1e3 for k, v in res["times"].items() if v}
+        f.setdefault("ms", {})[threads] = {k: round(v, 1) for k, v in med.items()}
+        if "basebn" in med:
+            f.setdefault("ratio", {})[threads] = {f"basebn/{k}": round(med["basebn"] / v, 3)
+                                                  for k, v in med.items() if k != "basebn"}
+        for ref, (mid, lo, hi) in res.get("paired", {}).items():
+            f.setdefault("paired", {})[ref] = {"median": round(mid, 3), "low": round(lo, 3), "high": round(hi, 3)}
+    for f in figures.values():
+        counts = sorted(f["ms"], key=int)
+        first, last = f["ms"][counts[0]], f["ms"][counts[-1]]
+        if len(counts) > 1:
+            f["speedup"] = {k: round(first[k] / last[k], 3) for k in first if k in last}
+    return figures
 
 
 def thread_by_thread(args):

@@ -1,22 +1,32 @@
 """Process settings that let MegEngine's CPU training step spend the cores on work: :func:`tune_cpu_runtime`
-(every CLI: capped worker spin, freed memory kept mapped), :func:`lower_event_poller_priority` (every CLI on CPU:
-MegEngine's 10-microsecond event poller yields to the compute threads) and :func:`use_inline_cpu_device`
-(basebn.train: no dispatcher queue for basebn's custom ops to wait for; the OpenMP threads spin briefly between
-ops). What each removes, measured: docs/figures.md, "CPU runtime settings".
+(capped worker spin, freed memory kept mapped), :func:`lower_event_poller_priority` (MegEngine's 10-microsecond
+event poller yields to the compute threads), both applied by :func:`prepare_process` (``import basebn``, and every
+CLI through :func:`quiet_device_probe`; ``BASEBN_TUNE_CPU=0`` leaves them out), and :func:`use_inline_cpu_device`
+(basebn.train and ``basebn.setup_cpu_training()``: no dispatcher queue for basebn's custom ops to wait for; the
+OpenMP threads spin briefly between ops). What each removes, measured: docs/figures.md, "CPU runtime settings";
+what a library user gets: docs/library.md.
 """
+import contextlib
 import ctypes
 import os
+import sys
+import warnings
 
+import megengine as mge
 from megengine.core._imperative_rt.common import CompNode
 
 __all__ = ["WORKER_MAX_SPIN", "INLINE_CPU_DEVICE", "INLINE_OMP_SPIN", "EVENT_POLLER_THREAD", "EVENT_POLLER_NICE",
-           "tune_cpu_runtime", "lower_event_poller_priority", "use_inline_cpu_device"]
+           "TUNE_SWITCH", "tune_cpu_runtime", "lower_event_poller_priority", "use_inline_cpu_device", "tuning_wanted",
+           "megengine_has_run", "quiet_device_probe", "prepare_process"]
+
+TUNE_SWITCH = "BASEBN_TUNE_CPU"  # 0: basebn leaves MegEngine's and glibc's process settings as they are
 
 INLINE_CPU_DEVICE = "cpu:default"  # (megengine.set_default_device's name check refuses it; CompNode takes it)
-# libgomp's GOMP_SPINCOUNT with the inline device: an OpenMP worker spins ~0.7 ms (this EPYC's pause loop) for the
-# next op's parallel region before it sleeps; with PASSIVE (kernel_library's default) it sleeps at once and each
-# region waits 5-80 us for its wake-up. Only where MegEngine's kernels run on the OpenMP master thread itself: on
-# cpu0 its dispatcher thread needs the core the worker would spin on (ResNet-20 step 1.11x slower)
+# libgomp's GOMP_SPINCOUNT with the inline device: an OpenMP worker spins this many pause-loop rounds for the next
+# op's parallel region before it sleeps, instead of sleeping at once (PASSIVE, kernel_library's default) and making
+# each region wait for its wake-up. Only where MegEngine's kernels run on the OpenMP master thread itself: on cpu0
+# its dispatcher thread needs the core the worker would spin on. benchmarks/bench_train_step.py measures the rule
+# (runners basebn, basebn-passive, basebn-cpu0)
 INLINE_OMP_SPIN = 30000
 
 WORKER_MAX_SPIN = 30000  # ~10-30 us of spinning; 0 (sleep at once) and 300000 measured alike within noise
@@ -93,3 +103,85 @@ def use_inline_cpu_device(omp_spin=False):
         os.environ.setdefault("GOMP_SPINCOUNT", str(INLINE_OMP_SPIN))
     CompNode._set_default_device(INLINE_CPU_DEVICE)
     return CompNode._get_default_device()
+
+
+def tuning_wanted():
+    """False where the user set ``BASEBN_TUNE_CPU=0`` (surrounding blanks ignored; any other value, or none, counts
+    as unset): then neither ``import basebn`` nor a CLI applies :func:`tune_cpu_runtime` and
+    :func:`lower_event_poller_priority`."""
+    return os.environ.get(TUNE_SWITCH, "").strip() != "0"
+
+
+def _thread_names(tasks_dir=_TASKS):
+    """The names (``comm``) of this process's threads; empty without /proc."""
+    names = []
+    try:
+        tids = os.listdir(tasks_dir)
+    except OSError:
+        return names
+    for tid in tids:
+        try:
+            with open(os.path.join(tasks_dir, tid, "comm")) as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended
+            continue
+    return names
+
+
+def megengine_has_run(tasks_dir=_TASKS):
+    """Whether MegEngine ran an operation in this process already (so it has read its worker spin): importing it
+    starts one "interpreter" thread, the first tensor a second one, its first result the event poller. False
+    without /proc (Linux only)."""
+    names = _thread_names(tasks_dir)
+    return names.count("interpreter") > 1 or EVENT_POLLER_THREAD in names
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """File descriptor 2 on /dev/null inside the block (MegEngine's C++ code writes there, not to sys.stderr)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def quiet_device_probe(tune=None):
+    """Probe for CUDA once with stderr silenced: on a CPU machine MegEngine prints a five-line banner and `debug:
+    failed to load cuda func` lines at its first device query and its first tensor; after the probe nothing is
+    silenced. Without CUDA and with ``tune`` (default: :func:`tuning_wanted`), :func:`tune_cpu_runtime` runs before
+    the probe's first tensor (which reads the worker spin; MegEngine's warning that names the spin goes to the
+    silenced stderr) and :func:`lower_event_poller_priority` after it (the tensor starts MegEngine's poller). With
+    CUDA no tensor is made (it would hold a context on the first GPU). Returns whether MegEngine runs on the CPU."""
+    if tune is None:
+        tune = tuning_wanted()
+    with _stderr_silenced():
+        on_cpu = not mge.is_cuda_available()
+        if on_cpu:
+            if tune:
+                tune_cpu_runtime()
+            mge.tensor(0).numpy()
+            if tune:
+                lower_event_poller_priority()
+    return on_cpu
+
+
+def prepare_process():
+    """What ``import basebn`` does, unless ``BASEBN_TUNE_CPU=0`` (then nothing): :func:`quiet_device_probe` with
+    the tuning. Where MegEngine ran an operation before (:func:`megengine_has_run`) it has read its worker spin
+    already: unless the user set ``MGB_WORKER_MAX_SPIN``, one RuntimeWarning says so and what to do (the other
+    settings still take effect). Returns whether the process was tuned."""
+    if not tuning_wanted():
+        return False
+    if megengine_has_run() and "MGB_WORKER_MAX_SPIN" not in os.environ:
+        warnings.warn(f"basebn: MegEngine ran an operation before `import basebn`, so its idle worker still busy-waits "
+                      f"~5 ms per wait, on a core the compute threads need: import basebn before the first tensor, or "
+                      f"set MGB_WORKER_MAX_SPIN={WORKER_MAX_SPIN} in the environment ({TUNE_SWITCH}=0: basebn tunes "
+                      f"nothing and says nothing)", RuntimeWarning, stacklevel=2)
+    quiet_device_probe(tune=True)
+    return True

@@ -15,8 +15,8 @@ from .cli_args import MAX_THREADS
 
 __all__ = ["EnvVar", "EnvVarError", "ENV_VARS", "BN_BACKENDS", "CONV_BACKENDS", "env_problems", "check_environment"]
 
-BN_BACKENDS = ("kernel", "fallback", "auto")  # $BASEBN_BN_BACKEND (basebn/layers/bn_ops/backend.py)
-CONV_BACKENDS = ("dnnl", "megengine", "auto")  # $BASEBN_CONV_BACKEND (basebn/layers/conv_ops.py)
+BN_BACKENDS = ("kernel", "fallback", "auto")  # $BASEBN_BN_BACKEND (basebn/ops/bn_ops/backend.py)
+CONV_BACKENDS = ("dnnl", "megengine", "auto")  # $BASEBN_CONV_BACKEND (basebn/ops/conv_ops.py)
 
 
 class EnvVarError(ValueError):

@@ -1,7 +1,8 @@
 """tune_cpu_runtime: MegEngine reads the capped worker spin, a user's own value wins, and freed blocks stay mapped
-(checked with the kernel's minor-fault counter and MegEngine's own log line, not with basebn's code);
-lower_event_poller_priority: the kernel reports nice 19 for MegEngine's poller thread and the inherited value for
-the others."""
+(checked with the kernel's minor-fault counter and MegEngine's own log line, not with basebn's code), also after a
+plain `import basebn`; lower_event_poller_priority: the kernel reports nice 19 for MegEngine's poller thread and the
+inherited value for the others. The processes run with BASEBN_TUNE_CPU=0 (import basebn tunes nothing) unless a test
+is about what the import or a CLI applies."""
 import os
 import subprocess
 import sys
@@ -9,8 +10,9 @@ import textwrap
 
 import pytest
 
-from basebn.layers import kernel_library
-from basebn.utils.cpu_runtime import EVENT_POLLER_THREAD, INLINE_OMP_SPIN, WORKER_MAX_SPIN, lower_event_poller_priority
+from basebn.ops import kernel_library
+from basebn.utils.cpu_runtime import (EVENT_POLLER_THREAD, INLINE_OMP_SPIN, TUNE_SWITCH, WORKER_MAX_SPIN,
+                                      lower_event_poller_priority)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,8 +22,10 @@ _SETTINGS_UNDER_TEST = ("MGB_WORKER_MAX_SPIN", "GOMP_SPINCOUNT", "OMP_WAIT_POLIC
 
 
 def _run(code, **env):
-    """`code` in a fresh interpreter, without the caller's values of the settings under test, plus `env`."""
+    """`code` in a fresh interpreter, without the caller's values of the settings under test, basebn's import
+    tuning nothing (unless `env` says otherwise), plus `env`."""
     full = {k: v for k, v in os.environ.items() if k not in _SETTINGS_UNDER_TEST}
+    full[TUNE_SWITCH] = "0"
     full.update(env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full,
                           cwd=ROOT, timeout=120)
@@ -94,6 +98,14 @@ def test_megengine_tensors_are_not_faulted_in_again_each_step(mib):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_import_basebn_alone_keeps_freed_blocks_mapped():
+    """No call: the script's import of basebn (after megengine's, before its first tensor) applies the setting."""
+    tensor_pages = (40 << 20) // 4096
+    imported, _ = _faults("import", 40, **{TUNE_SWITCH: "1"})
+    assert imported < tensor_pages, imported
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 @pytest.mark.parametrize("env", [dict(MALLOC_MMAP_MAX_="65536"), dict(GLIBC_TUNABLES="glibc.malloc.mmap_max=65536")])
 def test_a_users_own_large_block_rule_is_kept(env):
     """glibc reads these at start-up; tune_cpu_runtime leaves large blocks to them (they are mapped, and faulted in
@@ -110,7 +122,7 @@ _INLINE = """
     from basebn.utils.cpu_runtime import tune_cpu_runtime, use_inline_cpu_device
     tune_cpu_runtime()
     print(use_inline_cpu_device())
-    from basebn.layers import bn_ops, kernel_library
+    from basebn.ops import bn_ops, kernel_library
     x0 = np.random.default_rng(0).standard_normal((8, 4, 40, 40)).astype(np.float32)
     x = mge.tensor(x0)
     print(x.device.physical_name)
@@ -147,7 +159,7 @@ _POLLER = """
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
 def test_the_cli_probe_gives_megengines_event_poller_the_lowest_priority():
-    out = _run(_POLLER)
+    out = _run(_POLLER, **{TUNE_SWITCH: "1"})
     assert out.returncode == 0, out.stderr
     nice = [line.rsplit(" ", 1) for line in out.stdout.strip().splitlines()]
     poller = [int(v) for name, v in nice if name == EVENT_POLLER_THREAD]
@@ -172,7 +184,7 @@ _OMP_SLEEPS = """
     tune_cpu_runtime()
     use_inline_cpu_device(omp_spin=os.environ.pop("TEST_OMP_SPIN") == "1")
     print(os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"))
-    from basebn.layers import bn_ops, kernel_library
+    from basebn.ops import bn_ops, kernel_library
 
     def threads():
         out = {}
