@@ -32,7 +32,8 @@ from .evaluate import evaluate
 from .lr_schedule import lr_at
 from .metrics_log import append_metrics, metrics_path
 from .tensorboard_hook import tensorboard_hooks
-from .training_state import capture_training_state
+from .trainer import NonFiniteStateError
+from .training_state import capture_training_state, nonfinite_arrays
 
 __all__ = ["LRScheduleHook", "EMAHook", "LoggerHook", "PreciseBNHook", "EvalHook", "CheckpointHook",
            "default_hooks", "bn_training_hooks", "every_n_epochs"]
@@ -63,7 +64,8 @@ class LRScheduleHook(BaseHook):
 
 class EMAHook(BaseHook):
     """Updates trainer.ema after each iteration: copies the model before `start_epoch` (0-based), then
-    averages every `update_period` iterations (engine/ema.py's ema_should_update)."""
+    averages every `update_period` iterations (engine/ema.py's ema_should_update); an iteration whose optimizer
+    step was skipped (non-finite gradients: trainer.step_skipped) leaves the EMA as it was."""
 
     priority = 20
 
@@ -72,6 +74,8 @@ class EMAHook(BaseHook):
 
     def after_iter(self):
         t = self.trainer
+        if getattr(t, "step_skipped", False):
+            return
         action = ema_should_update(t.global_iter, t.progress.epoch - 1, self.start_epoch, self.update_period)
         if action == "update":
             t.ema.update(t.model)
@@ -79,17 +83,25 @@ class EMAHook(BaseHook):
             t.ema.copy_from(t.model)
 
 
+def log_interval(every_n_iter, iters_per_epoch):
+    """Iterations between log lines: every_n_iter, but at least four lines per epoch (a short epoch is not silent
+    until its end): min(every_n_iter, max(1, iters_per_epoch // 4))."""
+    return max(1, min(int(every_n_iter), iters_per_epoch // 4))
+
+
 class LoggerHook(BaseHook):
-    """Logs iteration, loss, lr, batch top-1, data/step time, images/s and ETA every n iterations."""
+    """Logs iteration, loss, lr, batch top-1, data/step time, images/s and ETA every n iterations (log_interval)."""
 
     priority = 30
 
     def __init__(self, every_n_iter):
-        self.every = max(1, int(every_n_iter))
+        self.requested = max(1, int(every_n_iter))
+        self.every = self.requested
         self.window = []
 
     def before_epoch(self):
         self.window = []
+        self.every = log_interval(self.requested, self.trainer.iters_per_epoch)
         self.epoch_start = time.perf_counter()
 
     def after_iter(self):
@@ -164,7 +176,8 @@ class EvalHook(BaseHook):
         if self.extra_metrics is not None:
             m.update(self.extra_metrics())
         self.record.observe(epoch, m)
-        msg = f"epoch {epoch} eval: top1 {m['top1']:.2f} top5 {m['top5']:.2f} loss {m['loss']:.4f} ({m['images']} images)"
+        msg = (f"epoch {epoch} eval: top1 {m['top1']:.2f} top5 {m['top5']:.2f} loss {m['loss']:.4f} "
+               f"({m['images']} images)")
         if "ema_top1" in m:
             msg += f" | EMA top1 {m['ema_top1']:.2f} top5 {m['ema_top5']:.2f}"
         logger.info(msg)
@@ -175,7 +188,8 @@ class EvalHook(BaseHook):
 class CheckpointHook(BaseHook):
     """Epoch end: best.npz (`record` says this epoch is the best), epoch_N.npz (every n epochs), then
     latest.npz, the commit point (see checkpoint/run_files.py for why this order); final.npz after the last
-    epoch. The payload is training_state's capture of the trainer (its RunRecord included)."""
+    epoch. The payload is training_state's capture of the trainer (its RunRecord included). A payload whose
+    model or EMA holds a NaN/inf is not written: NonFiniteStateError stops the run, the files before it kept."""
 
     priority = 60
 
@@ -188,13 +202,24 @@ class CheckpointHook(BaseHook):
             return
         epoch = t.progress.epoch
         keep = self.every != math.inf and epoch % int(self.every) == 0
-        write_epoch_end(self.run_dir, capture_training_state(t), best=self.record.is_best(epoch), keep_epoch=keep)
+        payload = _finite_payload(capture_training_state(t), f"the checkpoint of epoch {epoch}")
+        write_epoch_end(self.run_dir, payload, best=self.record.is_best(epoch), keep_epoch=keep)
 
     def after_train(self):
         t = self.trainer
         if dist.is_main_process():
-            path = write_final(self.run_dir, capture_training_state(t, epoch=t.progress.max_epoch))
+            payload = _finite_payload(capture_training_state(t, epoch=t.progress.max_epoch), "final.npz")
+            path = write_final(self.run_dir, payload)
             logger.info(f"final weights: {path}")
+
+
+def _finite_payload(payload, what):
+    """`payload`, or NonFiniteStateError naming its first non-finite arrays (nothing is written)."""
+    bad = nonfinite_arrays(payload)
+    if bad:
+        listed = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise NonFiniteStateError(f"{what} would hold NaN/inf values in {listed}; not written, training stopped.")
+    return payload
 
 
 def bn_training_hooks(cfg, precise_loader):

@@ -4,9 +4,16 @@ Everything around the iteration (lr, EMA, logging, precise BN, evaluation, check
 in ascending ``priority`` whatever order they are given in. Labels are int (B,) or soft targets (B, K)
 (Mixup/CutMix). The trainer reads no config: engine/build.py's build_trainer turns the config into its
 arguments.
+
+An optimizer step never spans an epoch: the last one of an epoch takes the micro-batches left (fewer than
+``accumulation_steps`` when they do not divide the epoch, each loss then divided by their number), so a checkpoint
+holds no partial accumulation and ``--resume`` continues exactly. A step whose gradients hold a NaN or inf is
+skipped, the AMP rule (:meth:`ClsTrainer._skip_step`); MAX_CONSECUTIVE_SKIPS skips in a row stop the run.
 """
 import math
 import time
+
+import numpy as np
 
 import megengine as mge
 import megengine.functional as F
@@ -16,20 +23,63 @@ from megengine.jit import trace as jit_trace
 
 from .. import distributed as dist
 from ..layers.bn_accumulation import BNStatsAccumulator
-from ..layers.bn_guard import restore_running_stats, snapshot_running_stats
+from ..layers.bn_guard import restore_running_stats, running_stats_layers, snapshot_running_stats
 from ..layers.conv import fast_cpu_weight_grad
 from ..layers.norm import set_norm_eval
 from ..utils.interrupts import raise_pending
 from .run_record import RunRecord
 
-__all__ = ["ClsTrainer", "NonFiniteLossError", "DEFAULT_HOOK_PRIORITY", "hook_priority"]
+__all__ = ["ClsTrainer", "NonFiniteTrainingError", "NonFiniteLossError", "NonFiniteGradientError",
+           "NonFiniteStateError", "MAX_CONSECUTIVE_SKIPS", "all_finite", "DEFAULT_HOOK_PRIORITY", "hook_priority"]
 
 _DATA_WARN_AFTER = 5  # iterations measured before data time vs step time is judged
 DEFAULT_HOOK_PRIORITY = 50
+# optimizer steps in a row skipped for non-finite gradients before the run stops (a dynamic grad scaler's overflows
+# count at a loss scale of 1 or less: above it an overflow is the scaler finding its scale)
+MAX_CONSECUTIVE_SKIPS = 5
+_CONCAT_MAX = 1 << 16  # all_finite: tensors up to this many values are concatenated with their like, not summed alone
 
 
-class NonFiniteLossError(FloatingPointError):
-    """Loss became NaN/inf; the run stops before the optimizer step (no checkpoint is written after it)."""
+class NonFiniteTrainingError(FloatingPointError):
+    """Training met a NaN/inf it cannot step past; the run stops (no checkpoint is written after it)."""
+
+
+class NonFiniteLossError(NonFiniteTrainingError):
+    """Loss became NaN/inf; the run stops before the optimizer step."""
+
+
+class NonFiniteGradientError(NonFiniteTrainingError):
+    """MAX_CONSECUTIVE_SKIPS optimizer steps in a row had NaN/inf gradients (each one skipped)."""
+
+
+class NonFiniteStateError(NonFiniteTrainingError):
+    """A checkpoint would hold NaN/inf model or EMA values; it is not written."""
+
+
+def all_finite(tensors):
+    """True when no tensor of `tensors` holds a NaN or inf, read from the sum of all their values (non-finite when
+    one is; a sum past float32's range, from values near 1e38, counts as non-finite too).
+
+    One host read and few ops: tensors of up to _CONCAT_MAX values that fit one concatenation (the same shape but
+    along one axis: norm weights, convs of one width) are concatenated and summed once, larger ones summed alone,
+    then one stack and one sum (ResNet-20's 65 gradients: 15 ops, its iteration's 273 -> 288; MobileNetV2's
+    613 -> 647). MegEngine's fused ``CheckNonFinite`` is one op but a naive kernel that first copies every input:
+    2x slower than these ops on ResNet-20's gradients, 14x on ResNet-18's.
+    """
+    groups, sums = {}, []
+    for t in tensors:
+        shape = tuple(t.shape)
+        if not shape or t.size > _CONCAT_MAX:
+            sums.append(F.sum(t))
+            continue
+        axis = int(np.argmax(shape)) if sum(d > 1 for d in shape) <= 1 else 0  # a vector's long axis
+        groups.setdefault((axis, shape[:axis] + shape[axis + 1:]), []).append(t)
+    for (axis, _), members in groups.items():
+        sums.append(F.sum(F.concat(members, axis=axis) if len(members) > 1 else members[0]))
+    if not sums:
+        return True
+    total = sums[0] if len(sums) == 1 else F.stack(sums).sum()
+    return bool(np.isfinite(total.item()))
 
 
 def hook_priority(hook):
@@ -45,15 +95,18 @@ class ClsTrainer(BaseTrainer):
     (autocast the forward), accumulation_steps, clip_grads (``params -> None`` or None), trace (jit-trace
     the step), norm_eval (BN layers stay in eval mode), config (the run's config: recorded in checkpoints
     and read by resume, never by the step), bn_accumulation_aware (with accumulation_steps > 1, BN running
-    statistics move once per optimizer step, pooled over its micro-batches: layers/bn_accumulation.py).
-    A step the grad scaler skips (overflow) also rolls back that step's BN running-statistic updates.
-    Attributes: those, meter (values of the last iteration for the logger), iters_per_epoch.
+    statistics move once per optimizer step, pooled over its micro-batches: layers/bn_accumulation.py),
+    max_consecutive_skips (skipped steps in a row that stop the run: MAX_CONSECUTIVE_SKIPS).
+    A skipped step (non-finite gradients, grad-scaler overflow) also rolls back that step's BN running-statistic
+    updates. Attributes: those, meter (values of the last iteration for the logger), iters_per_epoch,
+    step_skipped (this iteration's optimizer step was skipped: EMAHook leaves the EMA), skipped_steps (in the run).
     Checkpoints capture and restore the training state in engine/training_state.py.
     """
 
     def __init__(self, model, train_loader, optimizer, grad_manager, loss_fn, hooks=None, ema=None,
                  grad_scaler=None, record=None, amp=False, accumulation_steps=1, clip_grads=None, trace=False,
-                 norm_eval=False, config=None, bn_accumulation_aware=True):
+                 norm_eval=False, config=None, bn_accumulation_aware=True,
+                 max_consecutive_skips=MAX_CONSECUTIVE_SKIPS):
         super().__init__(model, train_loader, solver=None, hooks=hooks)
         self.cfg = config
         self.optimizer = optimizer
@@ -67,7 +120,17 @@ class ClsTrainer(BaseTrainer):
         self.clip_grads = clip_grads
         self.norm_eval = norm_eval
         self._bn_window = BNStatsAccumulator(model) if self.accum > 1 and bn_accumulation_aware else None
-        self._bn_snapshot = None  # BN buffers before this optimizer step's micro-batches (grad scaler on)
+        self._bn_layers = running_stats_layers(model)
+        self._bn_snapshot = None  # BN buffers before this optimizer step's micro-batches (a skip restores them)
+        self._divisors = {}  # micro-batches of a step -> the float32 tensor each loss is divided by
+        self.max_consecutive_skips = int(max_consecutive_skips)
+        self.step_skipped = False
+        self.skipped_steps = 0
+        self._skips = {"epoch": 0, "in_row": 0}
+        if self.accum > self.iters_per_epoch:
+            logger.warning(f"accumulation_steps={self.accum} is more than the {self.iters_per_epoch} iterations of "
+                           f"an epoch: each optimizer step accumulates the {self.iters_per_epoch} micro-batches of "
+                           f"its epoch (an optimizer step never spans epochs)")
         self.meter = {}
         self._epoch_iter = None
         self._loss_fn = loss_fn
@@ -88,11 +151,11 @@ class ClsTrainer(BaseTrainer):
     def _build_step(self, amp, trace):
         """forward + backward; the loss scale is an input (dy), so a traced step never bakes it in."""
 
-        def forward_backward(images, labels, loss_scale):
+        def forward_backward(images, labels, loss_scale, micro_batches):
             with self.grad_manager:
                 with mge.amp.autocast(enabled=amp):
                     loss, logits = self._loss(images, labels)
-                self.grad_manager.backward(loss / self.accum, dy=loss_scale)
+                self.grad_manager.backward(loss / micro_batches, dy=loss_scale)
             return loss, logits
 
         if trace:
@@ -102,6 +165,19 @@ class ClsTrainer(BaseTrainer):
 
     def _loss_scale(self):
         return mge.tensor(1.0 if self.grad_scaler is None else self.grad_scaler.scale_factor, dtype="float32")
+
+    def _step_window(self):
+        """(micro-batches of the optimizer step this iteration belongs to, whether this iteration ends it): steps
+        of accumulation_steps from the epoch's start, the epoch's last step takes what is left."""
+        start = (self.progress.iter - 1) // self.accum * self.accum  # iterations of the epoch before the step's
+        size = min(self.accum, self.iters_per_epoch - start)
+        return size, self.progress.iter - start == size
+
+    def _divisor(self, micro_batches):
+        t = self._divisors.get(micro_batches)
+        if t is None:
+            t = self._divisors[micro_batches] = mge.tensor(float(micro_batches), dtype="float32")
+        return t
 
     @property
     def global_iter(self):
@@ -123,7 +199,9 @@ class ClsTrainer(BaseTrainer):
         images, labels = next(self._epoch_iter)
         t1 = time.perf_counter()
         self._open_bn_window()
-        loss, logits = self._forward_backward(mge.tensor(images), mge.tensor(labels), self._loss_scale())
+        micro_batches, ends_step = self._step_window()
+        loss, logits = self._forward_backward(mge.tensor(images), mge.tensor(labels), self._loss_scale(),
+                                              self._divisor(micro_batches))
         loss_value = self._sync_grads(loss)
         if not math.isfinite(loss_value):
             if self._bn_window is not None:
@@ -133,12 +211,9 @@ class ClsTrainer(BaseTrainer):
                 f"(global iteration {self.global_iter}); stopped before the optimizer step. Lower "
                 f"solver.basic_lr or set solver.grad_clip."
             )
-        if (self.global_iter + 1) % self.accum == 0:
+        self.step_skipped = False
+        if ends_step:
             self._optimizer_step()
-        elif self.progress.iter == self.iters_per_epoch:  # the epoch's hooks (precise BN, eval, save) see it all
-            self._bn_snapshot = None
-            if self._bn_window is not None:
-                self._bn_window.finish()
         hard = labels.argmax(axis=1) if labels.ndim == 2 else labels  # soft targets: their top class
         top1 = float((logits.numpy().argmax(axis=1) == hard).mean() * 100)
         t2 = time.perf_counter()
@@ -182,26 +257,71 @@ class ClsTrainer(BaseTrainer):
         return float(flat[-1].item())
 
     def _open_bn_window(self):
-        """At an optimizer step's first micro-batch: snapshot BN buffers (grad scaler on), start pooling."""
-        if self.grad_scaler is not None and self._bn_snapshot is None:
-            self._bn_snapshot = snapshot_running_stats(self.model)
+        """At an optimizer step's first micro-batch: snapshot the BN buffers (handles, no copy), start pooling."""
+        if self._bn_snapshot is None:
+            self._bn_snapshot = snapshot_running_stats(self.model, self._bn_layers)
         if self._bn_window is not None and not self._bn_window.active:
             self._bn_window.start()
 
     def _optimizer_step(self):
+        """Close the BN window, then step on finite gradients, or skip the step (:meth:`_skip_step`)."""
         if self._bn_window is not None and self._bn_window.active:
             self._bn_window.finish()
         snapshot, self._bn_snapshot = self._bn_snapshot, None
-        if self.grad_scaler is not None:
-            # once per optimizer step, on the accumulated, all-reduced gradients: every micro-step used the
-            # same scale (it only changes here), and all ranks see the same gradients, so they agree on overflow
-            self.grad_scaler.unscale(self.grad_manager.attached_tensors())
-            if getattr(self.grad_scaler, "_found_non_finite", False) and snapshot is not None:
-                restore_running_stats(snapshot)  # the skipped step leaves no trace in the BN buffers either
-                logger.warning(f"grad scaler skipped the step at global iteration {self.global_iter} (overflow): "
-                               f"BN running statistics rolled back")
-            self.grad_scaler.update()
+        reason, counts = self._nonfinite_gradients()
+        if reason is not None:
+            self._skip_step(snapshot, reason, counts)
+            return
+        self._skips["in_row"] = 0
         if self.clip_grads is not None:
             self.clip_grads(self.params)
         self.optimizer.step()
         self.optimizer.clear_grad()
+
+    def _nonfinite_gradients(self):
+        """(None, _) when the step's gradients are all finite, else (what was found, whether it counts towards
+        max_consecutive_skips). Once per optimizer step, on the accumulated, all-reduced gradients (all ranks
+        agree). A dynamic grad scaler checks them itself while unscaling (and drops them on overflow); otherwise
+        :func:`all_finite` does."""
+        scaler = self.grad_scaler
+        if scaler is not None:
+            scale = scaler.scale_factor  # every micro-step used it: it only changes here
+            scaler.unscale(self.grad_manager.attached_tensors())
+            overflow = bool(getattr(scaler, "_found_non_finite", False))
+            checked = scaler.growth_interval != 0  # a fixed scale unscales without looking
+            scaler.update()
+            if checked:
+                return (f"grad scaler overflow at loss scale {scale:g}", scale <= 1) if overflow else (None, False)
+        if all_finite([p.grad for p in self.params if p.grad is not None]):
+            return None, False
+        return "non-finite gradients", True
+
+    def _skip_step(self, snapshot, reason, counts=True):
+        """The AMP rule: no optimizer step (weights and optimizer state unchanged), its gradients dropped, the BN
+        running statistics of its micro-batches rolled back, and no EMA update (EMAHook reads step_skipped).
+        The run's first skip is logged, later ones counted at each epoch end; max_consecutive_skips in a row that
+        `counts` raise NonFiniteGradientError."""
+        restore_running_stats(snapshot)
+        self.optimizer.clear_grad()
+        self.step_skipped = True
+        self.skipped_steps += 1
+        self._skips["epoch"] += 1
+        self._skips["in_row"] += int(counts)
+        p = self.progress
+        where = f"epoch {p.epoch} iteration {p.iter} (global iteration {self.global_iter})"
+        if self.skipped_steps == 1:
+            logger.warning(f"optimizer step skipped at {where}, {reason}: weights, optimizer state, EMA and BN "
+                           f"running statistics kept; further skips are counted at each epoch end")
+        if self._skips["in_row"] >= self.max_consecutive_skips:
+            raise NonFiniteGradientError(
+                f"{self._skips['in_row']} optimizer steps in a row skipped ({reason}), the last at {where}; "
+                f"stopped. Check the training data for NaN/inf values, or lower solver.basic_lr.")
+
+    def after_epoch(self):
+        """Report the epoch's skipped optimizer steps (if any), then run the hooks."""
+        if self._skips["epoch"]:
+            logger.warning(f"epoch {self.progress.epoch}: {self._skips['epoch']} optimizer step(s) skipped for "
+                           f"non-finite gradients ({self.skipped_steps} in the run so far); weights, optimizer "
+                           f"state, EMA and BN running statistics kept for each")
+            self._skips["epoch"] = 0
+        super().after_epoch()

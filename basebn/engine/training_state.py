@@ -4,6 +4,7 @@ capture_training_state(trainer) -> payload: model, EMA, optimizer, grad scaler (
 completed epoch, the run record (best_top1/best_epoch, the last metrics: engine/run_record.py), numpy +
 python RNG state and the config. restore_training_state(trainer, payload, source) puts all of it back and
 returns the completed epoch. (basebn.checkpoint.model_state is the model-weights part only.)
+nonfinite_arrays(payload) names the model/EMA arrays holding a NaN or inf (a checkpoint must hold none).
 """
 import random
 
@@ -13,8 +14,8 @@ import megengine as mge
 
 from ..checkpoint import CheckpointError, load_model_state, model_state
 
-__all__ = ["capture_training_state", "restore_training_state", "optimizer_state", "load_optimizer_state",
-           "scaler_state", "load_scaler_state"]
+__all__ = ["capture_training_state", "restore_training_state", "nonfinite_arrays", "optimizer_state",
+           "load_optimizer_state", "scaler_state", "load_scaler_state"]
 
 
 def capture_training_state(trainer, epoch=None):
@@ -31,6 +32,16 @@ def capture_training_state(trainer, epoch=None):
         "rng": {"numpy": np.random.get_state(), "python": random.getstate()},
         "config": t.cfg.to_dict(),
     }
+
+
+def nonfinite_arrays(payload):
+    """Names (``model/NAME``, ``ema/NAME``) of the floating-point arrays of a :func:`capture_training_state`
+    payload's model and EMA that hold a NaN or inf; [] when all are finite."""
+    groups = [("model", payload.get("model") or {})]
+    if payload.get("ema"):
+        groups.append(("ema", payload["ema"].get("module", payload["ema"])))
+    return [f"{group}/{name}" for group, arrays in groups for name, a in arrays.items()
+            if np.issubdtype(np.asarray(a).dtype, np.floating) and not np.isfinite(a).all()]
 
 
 def restore_training_state(trainer, ckpt, source="checkpoint"):

@@ -3,7 +3,7 @@ snapshots for rolling a step back, and the hand-off to an active accumulation (:
 
 :func:`record_batch` is what basebn's BatchNorm2d / SyncBatchNorm / BatchRenorm2d call with a training
 batch's statistics. A batch whose mean or variance holds a NaN or inf leaves the layer's buffers unchanged
-(decided on the device by :func:`.bn_ops.bn_running_update`: no host copy with a momentum) and adds one to the
+(decided on the device by :func:`basebn.ops.bn_ops.bn_running_update`: no host copy with a momentum) and adds one to the
 layer's non-finite count, read and cleared by :func:`take_nonfinite_counts`. The counter lives in a plain holder
 object, never a Tensor attribute, so state dicts gain no key. A local layer's training op can make the same update
 itself (:func:`in_op_update_args` says when; :func:`store_in_op_update` stores what it made): one op per layer
@@ -12,12 +12,11 @@ and step fewer, the same bits.
 import numpy as np
 
 import megengine as mge
-import megengine.functional as F
 
-from . import bn_ops
+from ..ops import bn_ops
 
 __all__ = ["record_batch", "apply_running_update", "in_op_update_args", "store_in_op_update", "take_nonfinite_counts",
-           "snapshot_running_stats", "restore_running_stats"]
+           "running_stats_layers", "snapshot_running_stats", "restore_running_stats"]
 
 
 class _Counter:
@@ -54,9 +53,9 @@ def _store(bn, new_mean, new_var, new_bad, counted):
 
 def in_op_update_args(bn):
     """``(running_mean, running_var, bad, keep)`` for :func:`apply_running_update`'s update done inside the training
-    op itself (:func:`.bn_ops.bn_act_train_forward_update`, then :func:`store_in_op_update`), or None where the batch
-    must go through :func:`record_batch`: an active accumulation, or ``momentum=None`` (its cumulative average reads
-    on the host whether the batch counted)."""
+    op itself (:func:`basebn.ops.bn_ops.bn_act_train_forward_update`, then :func:`store_in_op_update`), or None
+    where the batch must go through :func:`record_batch`: an active accumulation, or ``momentum=None`` (its
+    cumulative average reads on the host whether the batch counted)."""
     if bn.__dict__.get("_bn_stats_sink") is not None or bn.momentum is None:
         return None
     return bn.running_mean, bn.running_var, _bad_count(bn), float(bn.momentum)
@@ -72,7 +71,7 @@ def apply_running_update(bn, mean, var):
 
     MegEngine's momentum convention (``keep = momentum``; ``momentum=None``: cumulative average over the
     finite batches). A non-finite batch leaves both buffers bit-identical and is counted for the layer. One
-    :func:`.bn_ops.bn_running_update` (one kernel call on CPU); the cumulative average also reads on the host
+    :func:`basebn.ops.bn_ops.bn_running_update` (one kernel call on CPU); the cumulative average also reads on the host
     whether the batch counted, since only finite batches advance its count.
     """
     tracked = getattr(bn, "num_batches_tracked", 0)
@@ -113,15 +112,22 @@ def take_nonfinite_counts(model):
     return out
 
 
-def snapshot_running_stats(model):
-    """A device copy of every running mean/var (and cumulative counter) of `model`'s BN layers, for
-    :func:`restore_running_stats`."""
-    snap = []
-    for m in model.modules():
-        rm, rv = getattr(m, "running_mean", None), getattr(m, "running_var", None)
-        if isinstance(rm, mge.Tensor) and isinstance(rv, mge.Tensor) and hasattr(m, "momentum"):
-            snap.append((m, F.copy(rm), F.copy(rv), getattr(m, "num_batches_tracked", None)))
-    return snap
+def running_stats_layers(model):
+    """The layers of `model` whose running mean/var a snapshot covers (BN layers, MegEngine's own included)."""
+    return [m for m in model.modules() if isinstance(getattr(m, "running_mean", None), mge.Tensor)
+            and isinstance(getattr(m, "running_var", None), mge.Tensor) and hasattr(m, "momentum")]
+
+
+def snapshot_running_stats(model, layers=None):
+    """Handles on every running mean/var (and cumulative counter) of `model`'s BN layers (`layers`: a
+    :func:`running_stats_layers` list kept by the caller), for :func:`restore_running_stats`.
+
+    No copy and no op: every update replaces a buffer's value (``buffer[...] = new`` rebinds it; no op writes
+    into a running buffer, MegEngine's BN op included), so a detached handle keeps the value it was taken of.
+    """
+    layers = running_stats_layers(model) if layers is None else layers
+    return [(m, m.running_mean.detach(), m.running_var.detach(), getattr(m, "num_batches_tracked", None))
+            for m in layers]
 
 
 def restore_running_stats(snapshot):
