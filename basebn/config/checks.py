@@ -180,6 +180,8 @@ RULES = {
     "data.num_workers": optional(integer(0)),
     "data.skip_bad_images": boolean,
     "data.repeated_aug": integer(1),
+    "data.classes_per_batch": integer(0),
+    "data.examples_per_class": optional(integer(0)),
     "model.name": _model_name,
     "model.stem": choice("small", "imagenet"),
     "model.stem_stride": integer(1),
@@ -253,7 +255,35 @@ def _cross_checks(flat):
         yield low <= high, f"{key} must be (low, high) with low <= high, got {tuple(flat[key])}"
     steps = list(flat["solver.lr_decay_steps"])
     yield steps == sorted(steps), "solver.lr_decay_steps must be in increasing order"
+    yield from _class_batch_checks(flat)
     yield from _bn_training_checks(flat)
+
+
+def _class_batch_checks(flat):
+    """data.classes_per_batch / data.examples_per_class against num_classes, batch_size and repeated_aug (the
+    training split's own classes are checked when its loader is built): (ok, message)."""
+    k, m = flat.get("data.classes_per_batch", 0), flat.get("data.examples_per_class")
+    if not k:
+        yield not m, (f"data.examples_per_class={m} applies to class batches only, and data.classes_per_batch is 0 "
+                      f"(off): set data.classes_per_batch, or data.examples_per_class=None")
+        return
+    classes, batch = flat["num_classes"], flat["batch_size"]
+    yield k <= classes, (f"data.classes_per_batch={k} is more than the num_classes={classes} classes a batch can hold; "
+                         f"set it to at most {classes}")
+    yield k <= batch, (f"data.classes_per_batch={k} is more than batch_size={batch} (a batch holds at least one "
+                       f"example of each of its classes); set it to at most {batch}")
+    if not m:
+        yield batch % k == 0, (f"data.classes_per_batch={k} must divide batch_size={batch} (a batch holds {k} "
+                               f"classes, batch_size / {k} examples of each); choose a divisor of {batch}")
+    else:
+        yield batch % (k * m) == 0, (
+            f"data.classes_per_batch={k} x data.examples_per_class={m} = {k * m} must divide batch_size={batch} "
+            f"(a batch holds {k} classes, batch_size / {k} examples of each, in groups of {m}); change one of "
+            f"the three")
+    ra = flat.get("data.repeated_aug", 1)
+    yield ra == 1, (f"data.classes_per_batch={k} cannot be combined with data.repeated_aug={ra} (repeated "
+                    f"augmentation deals each image's copies over the ranks, class batches choose each batch's "
+                    f"classes): set data.repeated_aug=1 or data.classes_per_batch=0")
 
 
 def _bn_training_checks(flat):

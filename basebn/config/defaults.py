@@ -82,6 +82,16 @@ DEFAULTS = dict(
         # repeated augmentation (DeiT / timm RepeatAugSampler): each chosen image N times per epoch, spread over the
         # ranks with different augmentations; the epoch keeps about len(dataset) samples. 1 = off
         repeated_aug=1,
+        # class batches (non-i.i.d. batches as in Ioffe 2017's Batch Renormalization experiment, metric learning):
+        # each training batch of a process holds exactly this many classes, batch_size / classes_per_batch examples
+        # of each, no sample twice per epoch while the classes suffice (docs/data.md); with several processes a
+        # step's ranks take different classes when the dataset has classes_per_batch x world_size. 0 = off
+        # (i.i.d. batches). Not with repeated_aug; precise BN keeps i.i.d. batches
+        classes_per_batch=0,
+        # class batches: a class's examples in a batch come as groups of this many same-label examples, the groups
+        # in random order (2 = Ioffe's same-label pairs); classes_per_batch x examples_per_class must divide
+        # batch_size. None or 0 = batch_size // classes_per_batch (one group per class)
+        examples_per_class=None,
     ),
     model=dict(
         # any name of basebn.models.list_models() (basecls's names; python -m basebn.tools.summary --list)

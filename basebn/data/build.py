@@ -149,6 +149,7 @@ def build_loader(data_cfg, dataset: Dataset, batch_size: int, train: bool, seed:
         prefetch=cfg.get("prefetch") if prefetch is None else prefetch,
         num_workers=resolve_num_workers(data_cfg, per_sample) if num_workers is None else num_workers,
         repeated_aug=int(cfg.get("repeated_aug") or 1),
+        classes_per_batch=int(cfg.get("classes_per_batch") or 0), examples_per_class=cfg.get("examples_per_class"),
         sample_transform=sample_transform, image_shape=(c, out_size, out_size) if per_sample else None,
         batch_augment=None if per_sample or not train else build_batch_augment(cfg, mean, std),
         mixer=build_mixer(cfg, num_classes, label_smoothing) if train else None,

@@ -20,7 +20,8 @@ from loguru import logger
 
 from .base import Dataset, Subset
 from .errors import DataError, NoFullBatchError
-from .sampler import repeated_aug_indices, repeated_aug_length, shard_indices
+from .sampler import (check_class_batches, class_batch_indices, repeated_aug_indices, repeated_aug_length,
+                      shard_indices)
 from .transforms import crop_flip, normalize, resolve_stats, sample_crop_flip
 from .workers import WorkerPool
 
@@ -65,6 +66,8 @@ class BatchLoader:
         max_samples: use only the first N samples of a fixed permutation of the dataset.
         num_workers: worker processes building batches (0: in this process).
         repeated_aug: each index this many times per epoch over the ranks (sampler.py).
+        classes_per_batch, examples_per_class: train batches of this many classes, in same-label groups of
+            examples_per_class (None: one group per class); 0 = off (sampler.class_batch_indices).
         sample_transform: ``(uint8 HWC image, rng) -> float32 CHW``; when set every sample is
             loaded and transformed on its own (``dataset.load``) and pad/hflip are not used.
         image_shape: (C, H, W) that ``sample_transform`` produces (default: the dataset's).
@@ -80,7 +83,8 @@ class BatchLoader:
                  rank: int = 0, world_size: int = 1, pad: int = 4, hflip: bool = True,
                  mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
                  drop_last: Optional[bool] = None, prefetch=2, max_samples: Optional[int] = None,
-                 num_workers: int = 0, repeated_aug: int = 1,
+                 num_workers: int = 0, repeated_aug: int = 1, classes_per_batch: int = 0,
+                 examples_per_class: Optional[int] = None,
                  sample_transform: Optional[Callable] = None, image_shape=None,
                  batch_augment: Optional[Callable] = None, mixer: Optional[Callable] = None,
                  num_classes: Optional[int] = None, skip_bad_images: bool = False):
@@ -106,6 +110,10 @@ class BatchLoader:
         self.prefetch = resolve_prefetch(prefetch)
         self.num_workers = int(num_workers)
         self.repeated_aug = int(repeated_aug) if train else 1
+        self.classes_per_batch = int(classes_per_batch or 0) if train else 0
+        self.examples_per_class = examples_per_class
+        if self.classes_per_batch and self.repeated_aug > 1:
+            raise ValueError("classes_per_batch and repeated_aug > 1 cannot be combined")
         self.sample_transform = sample_transform
         self.image_shape = tuple(image_shape or self.dataset.image_shape)
         self.batch_augment = batch_augment if train else None
@@ -122,6 +130,9 @@ class BatchLoader:
             self.num_samples = len(range(self.rank, n, self.world_size))
         elif self.repeated_aug > 1:
             self.num_samples = repeated_aug_length(n, self.world_size)
+        elif self.classes_per_batch:  # whole batches only
+            check_class_batches(self.dataset.labels, self.batch_size, self.classes_per_batch, examples_per_class)
+            self.num_samples = n // self.world_size // self.batch_size * self.batch_size
         else:
             self.num_samples = n // self.world_size
         if self.drop_last:
@@ -153,6 +164,9 @@ class BatchLoader:
         if self.repeated_aug > 1:
             return repeated_aug_indices(n, self.seed, epoch, self.rank, self.world_size,
                                         self.repeated_aug)
+        if self.classes_per_batch:
+            return class_batch_indices(self.dataset.labels, self.batch_size, self.classes_per_batch,
+                                       self.examples_per_class, self.seed, epoch, self.rank, self.world_size)
         return shard_indices(n, self.seed, epoch, self.rank, self.world_size)
 
     def batch_indices(self, epoch: Optional[int] = None) -> List[np.ndarray]:
