@@ -107,6 +107,7 @@ class CIFAR10(_CIFAR):
     """CIFAR-10 (50000 train / 10000 test, 32x32 RGB, 10 classes). ``root`` is required."""
 
     NAME = "cifar10"
+    CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
     SUBDIR = "cifar-10-batches-py"
     TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
     TEST_FILES = ["test_batch"]

@@ -132,6 +132,8 @@ class FashionMNIST(_IDXDataset):
     """
 
     NAME = "fashion_mnist"
+    CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                   "Ankle boot")  # label order (the dataset's README)
     MEAN = (72.94,)
     STD = (90.02,)
     PAD = 4
@@ -148,6 +150,7 @@ class MNIST(_IDXDataset):
     """MNIST digits (60000 train / 10000 test, 28x28 grey, 10 classes). ``root`` is required."""
 
     NAME = "mnist"
+    CLASS_NAMES = tuple(str(d) for d in range(10))
     MEAN = (33.32,)
     STD = (78.57,)
     PAD = 2

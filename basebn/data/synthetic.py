@@ -108,6 +108,8 @@ def render_shapes(labels: np.ndarray, image_size: int, rng: np.random.Generator)
 class SyntheticShapes(ArrayDataset):
     """The synthetic shapes dataset; ``train`` picks the split (independent random streams)."""
 
+    CLASS_NAMES = CLASS_NAMES  # label order
+
     def __init__(self, train: bool = True, image_size: int = 16, size: int = None, seed: int = 0):
         if size is None:
             size = 6000 if train else 1000

@@ -51,11 +51,11 @@ def _trace(model, input_shape):
     return infer
 
 
-def _dump(traced, optimize):
+def _dump(traced, optimize, user_info=None):
     buf = io.BytesIO()
     try:
         traced.dump(buf, arg_names=[INPUT_NAME], output_names=[OUTPUT_NAME], optimize_for_inference=optimize,
-                    keep_opr_name=True, keep_var_name=2)
+                    keep_opr_name=True, keep_var_name=2, user_info=user_info)
     except RuntimeError as e:  # MegEngine refuses its own graph (e.g. GroupNorm's in 1.13)
         reason = str(e).strip().splitlines()[0]
         raise ExportError(f"MegEngine cannot serialize this model's traced graph: {reason}") from None
@@ -92,17 +92,18 @@ def _signature_at(model, input_shape):
     return graph_signature(load_network(_dump(_trace(model, input_shape), optimize=False)))
 
 
-def trace_graph(model, input_shape):
+def trace_graph(model, input_shape, user_info=None):
     """Trace `model` (prepared: see prepare_for_export) on inputs of `input_shape` (N, C, H, W) -> TracedGraph.
 
-    Raises ExportError when the graph holds a custom or BN op, or bakes in the batch size.
+    `user_info` (a str) goes into both dumps' serialization metadata (MegEngine pickles it). Raises ExportError
+    when the graph holds a custom or BN op, or bakes in the batch size.
     """
     n, c, h, w = (int(v) for v in input_shape)
     fast = fast_cpu_weight_grad()
     fast_cpu_weight_grad(False)
     try:
         traced = _trace(model, (n, c, h, w))
-        unoptimized = _dump(traced, optimize=False)
+        unoptimized = _dump(traced, optimize=False, user_info=user_info)
         network = load_network(unoptimized)
         bad = forbidden_ops(network)
         if bad:
@@ -113,7 +114,7 @@ def trace_graph(model, input_shape):
             raise ExportError("the model's graph depends on the batch size (it turns a shape into a Python "
                               "number): it cannot be exported with a free batch dimension")
         spatial_free = _spatial_free(model, (n, c, h, w), signature)
-        optimized = _dump(traced, optimize=True)
+        optimized = _dump(traced, optimize=True, user_info=user_info)
     finally:
         fast_cpu_weight_grad(fast)
     return TracedGraph(unoptimized, optimized, (n, c, h, w), spatial_free)
