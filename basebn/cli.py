@@ -24,6 +24,7 @@ from .engine.run_dir import RunDirError
 from .utils import interrupts
 from .utils.cpu_runtime import quiet_device_probe  # (part of this module's API: the CLIs' start)
 from .utils.env_vars import EnvVarError, check_environment
+from .utils.progress import clear_progress_line
 from .zoo import ZooError
 
 __all__ = ["USER_ERRORS", "Terminated", "cli_main", "quiet_device_probe"]
@@ -131,6 +132,7 @@ def _reported(main, argv):
             return _unexpected()
     except Terminated as exc:  # a second SIGTERM while the first was being handled
         code, line = _one_line(exc)
+    clear_progress_line()  # a bar the error cut short: the line starts clean
     if distributed.is_multiprocess_job():
         _pause_unless_rank0()
         print(line, file=sys.stderr)
@@ -145,6 +147,7 @@ def _pause_unless_rank0():
 
 
 def _unexpected():
+    clear_progress_line()
     if not distributed.is_multiprocess_job():
         raise  # noqa: PLE0704 - re-raised from the except block that called us
     traceback.print_exc()

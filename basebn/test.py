@@ -76,7 +76,7 @@ def test(cfg, weights, ema=False, backend="eager", threads=None, adapt=None):
             return _evaluate_exported_file(path, ds, loader, cfg.num_classes, backend, threads)
     if cfg.bn.efficient_conv_bn_eval:
         enable_efficient_conv_bn_eval(model, example_input=mge.tensor(example_input(ds)))
-    return evaluate(model, loader, desc="test")
+    return evaluate(model, loader, desc="test", progress=True)
 
 
 def _parse(argv):

@@ -21,7 +21,7 @@ from megengine.distributed import launcher
 from loguru import logger
 
 from . import distributed as dist
-from .checkpoint import LATEST, CheckpointError, complete_run, find_checkpoint, load_latest
+from .checkpoint import LATEST, CheckpointError, complete_run, find_checkpoint, load_latest, member_fit
 from .cli import USER_ERRORS, cli_main
 from .config import ConfigError, config_diff, load_config
 from .engine.build import (build_data, build_ema, build_grad_scaler, build_precise_bn_loader, build_train_data,
@@ -100,7 +100,7 @@ def _train_locked(cfg, run_dir, resume, moved_to):
     optimizer = build_optimizer(model, cfg.solver, base_lr)
     ema = build_ema(cfg, model)
     record = RunRecord()
-    hooks = default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader, record)
+    hooks = default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader, record, progress=True)
     trainer = build_trainer(cfg, model, train_loader, optimizer, hooks, ema=ema, grad_scaler=grad_scaler,
                             record=record)
     start_epoch = _resume(trainer, run_dir) if resume else 1
@@ -119,7 +119,7 @@ def _resume(trainer, run_dir):
     checkpoint starts again from epoch 1.
     """
     main = dist.is_main_process()
-    found = load_latest(run_dir)
+    found = load_latest(run_dir, fits=member_fit(trainer.model))  # a file that cannot fit: refused unread
     if found is None:
         if not any(os.path.isfile(p) for p in (os.path.join(run_dir, "config.json"), metrics_path(run_dir))):
             raise CheckpointError(f"--resume: no {LATEST} in {run_dir!r}; start without --resume "

@@ -33,7 +33,8 @@ import megengine.functional as F  # noqa: E402
 import megengine.module as M  # noqa: E402
 from megengine.autodiff import GradManager  # noqa: E402
 
-from basebn.layers import BatchNorm2d, BatchNormAct2d, bn_ops, kernel_library  # noqa: E402
+from basebn.layers import BatchNorm2d, BatchNormAct2d  # noqa: E402
+from basebn.ops import bn_ops, kernel_library  # noqa: E402
 
 EPS = 1e-5
 

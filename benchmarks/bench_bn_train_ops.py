@@ -27,7 +27,7 @@ sys.path.insert(0, sys.argv[4])
 import megengine as mge
 from basebn.cli import quiet_device_probe
 quiet_device_probe()
-from basebn.layers import bn_ops
+from basebn.ops import bn_ops
 shape, act, rounds = tuple(int(v) for v in sys.argv[1].split(",")), sys.argv[2], int(sys.argv[3])
 rng = np.random.default_rng(0)
 x = mge.tensor(rng.standard_normal(shape).astype(np.float32))

@@ -84,7 +84,7 @@ def median_ms(fn):
 out = {"layer": median_ms(step)}
 if framework == "basebn" and len(sys.argv) > 7:  # --split: the four ops alone and a bandwidth floor
     import megengine.functional as F
-    from basebn.layers import bn_ops
+    from basebn.ops import bn_ops
     cnt = x0.size // c
     w, b = mge.tensor(np.ones(c, np.float32)), mge.tensor(np.zeros(c, np.float32))
     mean, m2 = bn_ops.bn_stats(x)

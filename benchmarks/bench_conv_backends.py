@@ -19,8 +19,8 @@ on NCHW float32 tensors:
               `cpu0` (1 thread) or `multithread2:0` (2 threads)
     basebn    basebn's old path (now the fallback without oneDNN): MegEngine fwd and bwd-data, numpy
               `conv_weight_grad` for bwd-w
-    basebn-op basebn's oneDNN custom ops (basebn/kernels/conv_dnnl.cpp) called through MegEngine
-              (basebn.layers.conv_ops): the `dnnl` harness's code plus MegEngine's tensor <-> custom-op
+    basebn-op basebn's oneDNN custom ops (basebn/ops/csrc/conv_dnnl.cpp) called through MegEngine
+              (basebn.ops.conv_ops): the `dnnl` harness's code plus MegEngine's tensor <-> custom-op
               boundary, its queue sync and the copy of the result to numpy; threads by $BASEBN_NUM_THREADS
     torch     PyTorch CPU (reference; its CPU convs are oneDNN), in its own venv/process, driven
               over a pipe so that its runs interleave with the others
@@ -607,7 +607,7 @@ class BasebnOpBackend:
 
     def __init__(self):
         import megengine as mge
-        from basebn.layers import conv_ops, kernel_library
+        from basebn.ops import conv_ops, kernel_library
         if not kernel_library.conv_kernel_available():
             raise RuntimeError(f"basebn conv ops unavailable: {kernel_library.conv_kernel_error()}")
         self.mge, self.ops, self.name, self.t = mge, conv_ops, "basebn-op", {}

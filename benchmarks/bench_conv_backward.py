@@ -28,7 +28,7 @@ import numpy as np
 import megengine as mge
 import benchmarks.bench_train_step as bench
 import basebn.layers.conv as conv_module
-from basebn.layers.conv_ops import ConvGeometry, conv_backward, conv_backward_data, conv_backward_weights
+from basebn.ops.conv_ops import ConvGeometry, conv_backward, conv_backward_data, conv_backward_weights
 bench.quiet_device_probe()
 bench.use_inline_cpu_device(omp_spin=True)
 passes_input = conv_module._passes_input

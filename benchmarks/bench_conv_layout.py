@@ -4,8 +4,8 @@
 
 basebn's conv ops run a 1x1 conv with one group and no padding over at least 14 x 14 input pixels and at most 512
 input channels on oneDNN's plain-layout (gemm) kernels, reading and writing the NCHW tensors themselves
-(``plain_layout`` in basebn/kernels/conv_dnnl.cpp), and a depthwise conv over at least 14 x 14 pixels on basebn's
-own NCHW kernels (basebn/kernels/conv_depthwise_cpu.h); every other conv on blocked kernels, with NCHW <-> blocked
+(``plain_layout`` in basebn/ops/csrc/conv_dnnl.cpp), and a depthwise conv over at least 14 x 14 pixels on basebn's
+own NCHW kernels (basebn/ops/csrc/conv_depthwise_cpu.h); every other conv on blocked kernels, with NCHW <-> blocked
 reorders of x, y and dy inside the op. Two worker processes per thread count alternate shape by shape, round by
 round: ``nchw`` (every pointwise conv on the NCHW kernels, ``BASEBN_CONV_PLAIN_1X1=all``; depthwise as by
 default) and ``blocked`` (``BASEBN_CONV_PLAIN_1X1=0`` and ``BASEBN_CONV_DEPTHWISE=0``; both read once per
@@ -34,7 +34,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from basebn.cli import quiet_device_probe  # noqa: E402
-from basebn.layers.conv_ops import ConvGeometry, conv_backward, conv_forward  # noqa: E402
+from basebn.ops.conv_ops import ConvGeometry, conv_backward, conv_forward  # noqa: E402
 from basebn.utils.cpu_runtime import use_inline_cpu_device  # noqa: E402
 
 # (what, N, C, H, W, O, stride): pointwise; "dw" in what: depthwise 3x3 (5x5 with "5x5"), O = C

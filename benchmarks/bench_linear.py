@@ -31,7 +31,8 @@ use_inline_cpu_device(omp_spin=True)
 import megengine as mge
 import megengine.module as M
 from megengine.autodiff import GradManager
-from basebn.layers import Linear, kernel_library
+from basebn.layers import Linear
+from basebn.ops import kernel_library
 if not kernel_library.conv_kernel_available():
     sys.exit(f"basebn's oneDNN ops are unavailable: {kernel_library.conv_kernel_error()}")
 fc = {layer}(fan_in, fan_out)

@@ -52,7 +52,7 @@ def step():
 import megengine as mge
 import megengine.functional as F
 from megengine.autodiff import GradManager
-from basebn.layers import kernel_library
+from basebn.ops import kernel_library
 from basebn.layers.max_pool import max_pool2d
 if not kernel_library.conv_kernel_available():
     sys.exit(f"basebn's max-pool ops are unavailable: {kernel_library.conv_kernel_error()}")

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import megengine as mge  # noqa: E402
 
 from basebn.cli import quiet_device_probe  # noqa: E402
-from basebn.layers import bn_ops  # noqa: E402
+from basebn.ops import bn_ops  # noqa: E402
 from basebn.layers.batch_norm import BatchNorm2d  # noqa: E402
 from basebn.layers.bn_guard import apply_running_update  # noqa: E402
 from basebn.utils.cpu_runtime import use_inline_cpu_device  # noqa: E402

@@ -21,7 +21,7 @@ mkdir -p runs
 train runs/fmnist_r20_s42 $PY -m basebn.train $CFG seed=42 model_ema.enabled=False bn.efficient_conv_bn_eval=False
 train runs/fmnist_r20_ema_s43 $PY -m basebn.train $CFG seed=43
 [ -s runs/precise_bn_ema_table.txt ] ||
-  $PY benchmarks/precise_bn_ema_table.py --seeds 42 43 44 > runs/precise_bn_ema_table.txt 2>> runs/precise_bn_ema_table.log
+  $PY experiments/precise_bn_ema_table.py --seeds 42 43 44 > runs/precise_bn_ema_table.txt 2>> runs/precise_bn_ema_table.log
 train runs/fmnist_r20_syncbn2_s42 .venv/bin/mpiexec -n 2 $PY -m basebn.train $CFG seed=42 model.norm=SyncBN \
   batch_size=64 solver.basic_lr=0.05 model_ema.enabled=False
 train runs/fmnist_finetune $PY -m basebn.train configs/fmnist_finetune.py

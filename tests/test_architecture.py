@@ -1,5 +1,5 @@
 """The package's structure, read from the source: dependencies point one way, no import cycles, no imports
-inside functions except optional dependencies. Reference: the layering declared here (README 'Layout')."""
+inside functions except optional dependencies. Reference: the layering declared here (docs/layout.md lists it)."""
 import ast
 import importlib.util
 import os
@@ -13,9 +13,9 @@ import_graph = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(import_graph)
 
 # bottom to top: a package may import only packages before it
-LAYERS = ["basebn.utils", "basebn.distributed", "basebn.layers", "basebn.data", "basebn.checkpoint", "basebn.zoo",
-          "basebn.models", "basebn.config", "basebn.engine", "basebn.cli", "basebn.train", "basebn.deploy",
-          "basebn.test", "basebn.tools"]
+LAYERS = ["basebn.utils", "basebn.distributed", "basebn.ops", "basebn.layers", "basebn.data", "basebn.checkpoint",
+          "basebn.zoo", "basebn.models", "basebn.config", "basebn.engine", "basebn.cli", "basebn.train",
+          "basebn.deploy", "basebn.test", "basebn.tools"]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_no_imports_inside_functions(modules):
 
 @pytest.mark.parametrize("module, peer, shared", [
     ("basebn.layers.batch_norm", "basebn.layers.sync_bn", "basebn.layers.bn_function"),
-    ("basebn.layers.conv_ops", "basebn.layers.bn_ops", "basebn.layers.kernel_library"),
+    ("basebn.ops.conv_ops", "basebn.ops.bn_ops", "basebn.ops.kernel_library"),
 ])
 def test_peers_share_a_module_instead_of_importing_each_other(modules, module, peer, shared):
     """BatchNorm2d and SyncBatchNorm both build on bn_function; the conv ops and the BN ops both on kernel_library."""

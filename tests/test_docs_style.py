@@ -75,3 +75,50 @@ def test_the_patterns_catch_what_they_are_for():
                "with a SessionLog START at its first step", "## The ops"]
     for line in present:
         assert not any(p.search(line) for p in NARRATION), line
+
+
+SOURCE_SUFFIXES = (".py", ".cpp", ".h", ".cu", ".cuh")
+# how code comments narrated a measurement instead of pointing to its results file
+CODE_NARRATION = [re.compile(p, re.IGNORECASE) for p in (
+    r"\b(?:busy|quiet|loaded) \d+-core machine\b",
+    r"\bC\+\+ harness, 20\d\d\b",
+    r"\bmeasured here\b",
+    r"\bon this machine\)",
+    r"\bnow \(\d+ threads? here\)",
+)]
+# a path a comment points to: it must exist (a measurement's results file, a script, another source)
+POINTED_PATH = re.compile(r"(?<![\w/.~])(?:basebn|results|benchmarks|experiments|scripts|docs|tests)/[\w/.-]+"
+                          r"\.(?:json|csv|py|md|cpp|h|cu|cuh)\b")
+
+
+def sources():
+    found = []
+    for folder, _, names in os.walk(os.path.join(ROOT, "basebn")):
+        found += [os.path.join(folder, n) for n in sorted(names) if n.endswith(SOURCE_SUFFIXES)]
+    return sorted(found)
+
+
+def test_code_comments_state_the_rule_and_point_to_existing_files():
+    """basebn's comments and docstrings: no issue letters, dates or run narration (as the pages), and every
+    file they point to (a results file, a benchmark, a source) exists."""
+    found = []
+    for path in sources():
+        for pattern in [ISSUE_LETTER, ISO_DATE] + NARRATION + CODE_NARRATION:
+            found += hits(path, pattern)
+        with open(path, encoding="utf-8") as f:
+            found += [f"{os.path.relpath(path, ROOT)}:{n}: {m.group(0)} does not exist"
+                      for n, line in enumerate(f, 1) for m in POINTED_PATH.finditer(line)
+                      if not os.path.exists(os.path.join(ROOT, m.group(0).rstrip(".")))]
+    assert not found, "comments say the rule and point to its measurement: " + "; ".join(found)
+
+
+def test_the_code_patterns_catch_what_they_are_for():
+    narrated = ["(single-thread C++ harness, busy 2-core machine, 2026-11-26)",
+                "and 2.5 at 2 (C++ harness, 2026-11-26)",
+                "1.8 ms for its statistics, 0.39 ms now (1 thread here)", "(~0.6 ms of dispatch on this machine)"]
+    for line in narrated:
+        assert any(p.search(line) for p in CODE_NARRATION + [ISO_DATE]), line
+    assert not any(p.search("more than this machine's memory") for p in CODE_NARRATION)
+    assert POINTED_PATH.findall("see basebn/layers/bn_ops/build.py, results/linear.json.") == [
+        "basebn/layers/bn_ops/build.py", "results/linear.json"]
+    assert POINTED_PATH.findall("~/.cache/basebn/kernels and a/tests/x.py") == []

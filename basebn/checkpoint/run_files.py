@@ -56,14 +56,15 @@ def resolve_weights(spec):
     return spec
 
 
-def load_latest(run_dir):
+def load_latest(run_dir, fits=None):
     """(path, payload) of the run's latest checkpoint, or None when it has none; a damaged one names the
-    epoch_N files that could replace it."""
+    epoch_N files that could replace it. `fits` (model_state.member_fit of the model to resume): a latest.npz
+    declaring a member that cannot fit it is refused from its .npy headers, before anything is decompressed."""
     path = find_checkpoint(run_dir, LATEST)
     if path is None:
         return None
     try:
-        return path, load_checkpoint(path)
+        return path, load_checkpoint(path, fits=fits)
     except CheckpointError as exc:
         spare = epoch_files(run_dir)
         hint = (f"epoch checkpoints that could replace it, newest first: {', '.join(spare)} (copy one over "

@@ -11,7 +11,11 @@ import contextlib
 import os
 import sys
 import threading
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
+import numpy as np
+
+import megengine as mge
 import megengine.distributed as mdist
 
 from .bn_buffers import SYNC_MODES as BN_BUFFER_SYNC_MODES, sync_bn_buffers
@@ -46,6 +50,7 @@ __all__ = [
 ]
 
 BACKENDS = ("auto", "nccl", "mpi", "none")
+"""The backends init takes ("auto": picked from the environment)."""
 
 # environment variables MPI launchers set to the world size (MPICH/Hydra, Open MPI, MVAPICH, PMIx)
 _MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMIX_SIZE",
@@ -58,8 +63,12 @@ _counts = dict.fromkeys(_KINDS, 0)
 
 
 # ------------------------------------------------------------------------------------------ init
-def mpi_world_size_from_env(environ=None):
-    """The world size an MPI launcher advertises in the environment, or 0 when there is none."""
+def mpi_world_size_from_env(environ: Optional[Mapping[str, str]] = None) -> int:
+    """The world size an MPI launcher advertises in the environment, or 0 when there is none.
+
+    Args:
+        environ: the environment to read; None: ``os.environ``.
+    """
     env = os.environ if environ is None else environ
     for var in _MPI_SIZE_VARS:
         val = env.get(var, "").strip()
@@ -100,7 +109,7 @@ def _make(name):
 _MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK")
 
 
-def launched_rank():
+def launched_rank() -> int:
     """This process's rank as its launcher set it (0 when alone), readable before init()."""
     if mdist.is_distributed():
         return mdist.get_rank()
@@ -110,16 +119,19 @@ def launched_rank():
     return 0
 
 
-def is_multiprocess_job():
+def is_multiprocess_job() -> bool:
     """True when this process is one of several (an MPI launch, or MegEngine's launcher), initialised or not."""
     return mdist.is_distributed() or mpi_world_size_from_env() > 1
 
 
-def abort_job(code):
+def abort_job(code: int) -> None:
     """End every process of the job now with exit status `code`, so no rank waits forever in a collective.
 
     Under MPI this is MPI_Abort on COMM_WORLD (mpiexec ends every rank); under MegEngine's launcher the
     launcher terminates the other local workers when this one exits non-zero.
+
+    Args:
+        code: the exit status.
     """
     sys.stderr.flush()
     sys.stdout.flush()
@@ -131,11 +143,20 @@ def abort_job(code):
     os._exit(code)
 
 
-def init(backend="auto"):
-    """Select and start the collectives backend; returns its name. Idempotent.
+def init(backend: str = "auto") -> str:
+    """Select and start the collectives backend. Idempotent.
 
-    Calling it again with ``"auto"`` or the active backend's name is a no-op; asking for another
-    backend once one is active raises (call :func:`shutdown` first).
+    Calling it again with ``"auto"`` or the active backend's name is a no-op.
+
+    Args:
+        backend: one of BACKENDS.
+
+    Returns:
+        The active backend's name.
+
+    Raises:
+        ValueError: an unknown backend.
+        RuntimeError: another backend is active (call :func:`shutdown` first), or "mpi" without mpi4py.
     """
     global _impl
     with _lock:
@@ -150,14 +171,14 @@ def init(backend="auto"):
         return _impl.name
 
 
-def shutdown():
+def shutdown() -> None:
     """Forget the active backend (the next call re-initialises). Does not finalise MPI."""
     global _impl
     with _lock:
         _impl = None
 
 
-def is_initialized():
+def is_initialized() -> bool:
     """True once a backend has been chosen (by init() or a first collective)."""
     return _impl is not None
 
@@ -170,37 +191,47 @@ def _get():
     return impl
 
 
-def backend():
+def backend() -> str:
     """Name of the active backend: ``"nccl"``, ``"mpi"`` or ``"none"``."""
     return _get().name
 
 
 # ------------------------------------------------------------------------------------- queries
-def get_rank():
+def get_rank() -> int:
     """This process's rank (0 alone)."""
     return _get().rank
 
 
-def get_world_size():
+def get_world_size() -> int:
     """Number of processes in the job (1 alone)."""
     return _get().world_size
 
 
-def is_main_process():
+def is_main_process() -> bool:
     """True on rank 0: the one that logs and writes files."""
     return _get().rank == 0
 
 
-def barrier(group=None):
-    """Wait until every rank (of `group`) reaches this call."""
+def barrier(group: Any = None) -> None:
+    """Wait until every rank (of `group`) reaches this call.
+
+    Args:
+        group: a :func:`new_group` group; None: all ranks.
+    """
     _get().barrier(group)
 
 
-def new_group(ranks):
+def new_group(ranks: Sequence[int]) -> Any:
     """A sub-group for the ``group=`` arguments (mpi: a communicator; nccl: a MegEngine Group).
 
     With mpi every rank of the world must call it (members get the communicator, others
     ``MPI.COMM_NULL``).
+
+    Args:
+        ranks: the member ranks.
+
+    Returns:
+        The group.
     """
     return _get().new_group(ranks)
 
@@ -211,27 +242,57 @@ def _count(kind):
         _counts[kind] += 1
 
 
-def all_reduce_sum(tensor, group=None):
-    """Element-wise sum over ranks; same shape and dtype as ``tensor`` (Tensor in, Tensor out)."""
+def all_reduce_sum(tensor: Union[mge.Tensor, np.ndarray], group: Any = None) -> Union[mge.Tensor, np.ndarray]:
+    """Element-wise sum over ranks; same shape and dtype as ``tensor`` (Tensor in, Tensor out).
+
+    Args:
+        tensor: this rank's values.
+        group: a :func:`new_group` group; None: all ranks.
+
+    Returns:
+        The sum, of ``tensor``'s type.
+    """
     _count("all_reduce_sum")
     return _get().all_reduce_sum(tensor, group)
 
 
-def all_gather(tensor, group=None):
-    """Every rank's ``tensor`` stacked along a new axis 0: shape ``(world,) + tensor.shape``."""
+def all_gather(tensor: Union[mge.Tensor, np.ndarray], group: Any = None) -> Union[mge.Tensor, np.ndarray]:
+    """Every rank's ``tensor`` stacked along a new axis 0: shape ``(world,) + tensor.shape``.
+
+    Args:
+        tensor: this rank's values.
+        group: a :func:`new_group` group; None: all ranks.
+
+    Returns:
+        The stack, of ``tensor``'s type.
+    """
     _count("all_gather")
     return _get().all_gather(tensor, group)
 
 
-def broadcast(tensor, src=0, group=None):
-    """``src``'s ``tensor`` on every rank (all ranks pass a tensor of the same shape/dtype)."""
+def broadcast(tensor: Union[mge.Tensor, np.ndarray], src: int = 0,
+              group: Any = None) -> Union[mge.Tensor, np.ndarray]:
+    """``src``'s ``tensor`` on every rank (all ranks pass a tensor of the same shape/dtype).
+
+    Args:
+        tensor: the values on `src`; a placeholder of the same shape and dtype elsewhere.
+        src: the rank that sends.
+        group: a :func:`new_group` group; None: all ranks.
+
+    Returns:
+        `src`'s values, of ``tensor``'s type.
+    """
     _count("broadcast")
     return _get().broadcast(tensor, src, group)
 
 
 # ------------------------------------------------------------------------------------ counting
-def collective_count(kind=None):
-    """Tensor collectives issued by this process so far (all kinds, or one of ``_KINDS``)."""
+def collective_count(kind: Optional[str] = None) -> int:
+    """Tensor collectives issued by this process so far.
+
+    Args:
+        kind: "all_reduce_sum", "all_gather" or "broadcast"; None: all kinds.
+    """
     with _lock:
         if kind is None:
             return sum(_counts.values())
@@ -269,7 +330,7 @@ class CollectiveCounter:
 
 
 @contextlib.contextmanager
-def count_collectives():
+def count_collectives() -> Iterator[CollectiveCounter]:
     """``with count_collectives() as c: ...`` then ``c.total``, ``c["all_gather"]``, ``c.as_dict()``.
 
     The counter is frozen when the block exits.

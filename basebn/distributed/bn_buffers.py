@@ -9,6 +9,7 @@ buffers are left alone.
 """
 import megengine as mge
 import megengine.functional as F
+import megengine.module as M
 from megengine.module.batchnorm import _BatchNorm
 
 from .. import distributed as dist
@@ -16,6 +17,7 @@ from .. import distributed as dist
 __all__ = ["SYNC_MODES", "sync_bn_buffers"]
 
 SYNC_MODES = ("mean", "broadcast")
+"""sync_bn_buffers's modes: average over ranks, or rank 0's values."""
 
 
 def _trainable_bn_buffers(model):
@@ -32,10 +34,20 @@ def _trainable_bn_buffers(model):
     return out
 
 
-def sync_bn_buffers(model, mode="mean"):
-    """Average (``mode="mean"``) or broadcast from rank 0 (``"broadcast"``) the running mean and variance of
-    every trainable BN layer of `model` over all ranks, in ONE collective; returns how many buffers it set.
-    One process: nothing to do (0). Every rank must call it, with the same model structure."""
+def sync_bn_buffers(model: M.Module, mode: str = "mean") -> int:
+    """Average or broadcast from rank 0 the running mean and variance of every trainable BN layer of `model`
+    over all ranks, in ONE collective. Every rank must call it, with the same model structure.
+
+    Args:
+        model: the model.
+        mode: "mean" (average over ranks) or "broadcast" (rank 0's values).
+
+    Returns:
+        How many buffers it set (0 in one process).
+
+    Raises:
+        ValueError: an unknown mode.
+    """
     if mode not in SYNC_MODES:
         raise ValueError(f"sync_bn_buffers: mode must be one of {', '.join(SYNC_MODES)}, got {mode!r}")
     world = dist.get_world_size()

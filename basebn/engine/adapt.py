@@ -14,12 +14,14 @@ logs one warning with the count of such batches.
 """
 import contextlib
 import math
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 from loguru import logger
 
 import megengine as mge
 import megengine.functional as F
+import megengine.module as M
 import megengine.optimizer as optim
 from megengine.autodiff import GradManager
 
@@ -35,14 +37,24 @@ __all__ = ["METHODS", "OPTIMIZERS", "prepare_for_adaptation", "adaptable_bn_laye
            "store_adapted_statistics", "MIN_RELIABLE_BATCH"]
 
 METHODS = ("none", "bn_batch", "adabn", "tent")
+"""The adaptation methods adapt_predictions takes (``basebn.test --adapt``)."""
 OPTIMIZERS = ("adam", "sgd")
+"""The optimizers TENT takes."""
 MIN_RELIABLE_BATCH = 16  # below this many images per batch, batch statistics are too noisy to normalise with
+"""Images per batch below which batch statistics are too noisy to normalise with (bn_batch and tent warn)."""
 
 
-def prepare_for_adaptation(model):
-    """``model`` ready for adaptation (returned; converted in place where possible): efficient conv-BN switched
-    off, SyncBatchNorm reverted to local BN, FrozenBatchNorm2d converted back to a trainable BatchNorm2d, and
-    every BN layer's ``freeze`` flag cleared (the adapted layers must see their inputs)."""
+def prepare_for_adaptation(model: M.Module) -> M.Module:
+    """``model`` ready for adaptation: efficient conv-BN switched off, SyncBatchNorm reverted to local BN,
+    FrozenBatchNorm2d converted back to a trainable BatchNorm2d, and every BN layer's ``freeze`` flag cleared
+    (the adapted layers must see their inputs).
+
+    Args:
+        model: the model, converted in place where possible.
+
+    Returns:
+        The model to adapt (`model`, or its replacement when `model` is itself a BN layer).
+    """
     disable_efficient_conv_bn_eval(model)
     model = revert_sync_batchnorm(model)
     model = convert_to_batchnorm(model)
@@ -52,8 +64,12 @@ def prepare_for_adaptation(model):
     return model
 
 
-def adaptable_bn_layers(model):
-    """``[(name, module)]`` of the BN layers the methods adapt: every 2D BN layer but FrozenBatchNorm2d."""
+def adaptable_bn_layers(model: M.Module) -> List[Tuple[str, M.Module]]:
+    """``[(name, module)]`` of the BN layers the methods adapt: every 2D BN layer but FrozenBatchNorm2d.
+
+    Args:
+        model: the model.
+    """
     return [(name, m) for name, m in model.named_modules() if is_bn2d(m) and not is_frozen_bn(m)]
 
 
@@ -175,17 +191,36 @@ def _use_batch_statistics(layers):
             m.freeze = False
 
 
-def predict(model, batches):
-    """Logits of each batch in eval mode (running statistics), as numpy arrays; flags restored after."""
+def predict(model: M.Module, batches: Iterable[Any]) -> Iterator[np.ndarray]:
+    """Logits of each batch in eval mode (running statistics), as numpy arrays; flags restored after.
+
+    Args:
+        model: the model.
+        batches: images, ``(images, labels, ...)`` tuples or dicts with an ``"image(s)"`` key.
+
+    Returns:
+        A generator of each batch's logits.
+    """
     with _kept_state(model, []):
         model.eval()
         for batch in batches:
             yield model(_images(batch)).numpy()
 
 
-def bn_batch_predict(model, batches):
+def bn_batch_predict(model: M.Module, batches: Iterable[Any]) -> Iterator[np.ndarray]:
     """Logits of each batch with every BN layer normalising it by its own statistics (test-batch BN, TENT's
-    "norm"); everything else in eval mode. Weights and running statistics are left as they were."""
+    "norm"); everything else in eval mode. Weights and running statistics are left as they were.
+
+    Args:
+        model: the model.
+        batches: batches as :func:`predict` takes them.
+
+    Returns:
+        A generator of each batch's logits.
+
+    Raises:
+        ConfigError: the model has no BN layer to adapt (on the first batch).
+    """
     layers = adaptable_bn_layers(model)
     _check_has_bn(layers, "bn_batch")
     tracks = [m.track_running_stats for _, m in layers]
@@ -201,11 +236,23 @@ def bn_batch_predict(model, batches):
             tally.report()
 
 
-def adapt_bn_statistics(model, batches, num_samples=None, method="pooled", progress=False):
+def adapt_bn_statistics(model: M.Module, batches: Iterable[Any], num_samples: Optional[int] = None,
+                        method: str = "pooled", progress: bool = False) -> Dict[str, Any]:
     """AdaBN's step: every BN layer's running statistics become the population statistics of the images of
     ``batches`` (precise BN's pass, :func:`basebn.layers.update_bn_stats`: pooled over batches and exact over
     ranks; every rank must call it). Batches whose images hold NaN or inf are left out (one warning counts
-    them). Returns precise BN's summary."""
+    them).
+
+    Args:
+        model: the model.
+        batches: batches as :func:`predict` takes them.
+        num_samples: images to use over all ranks; None: all.
+        method: ``"pooled"`` or ``"batch_average"`` (update_bn_stats's).
+        progress: show the pass's batches and update_bn_stats's summary line (rank 0).
+
+    Returns:
+        update_bn_stats's summary.
+    """
     tally = _NonFiniteBatches("adabn", "left out of the BN statistics")
     try:
         return update_bn_stats(model, _FiniteBatches(batches, tally), num_samples=num_samples, method=method,
@@ -219,18 +266,40 @@ def _reiterable(batches, what):
         raise TypeError(f"{what} passes over the batches twice: give a list or a loader, not an iterator")
 
 
-def adabn(model, batches, num_samples=None, method="pooled"):
-    """AdaBN: :func:`adapt_bn_statistics` over ``batches`` (the first ``num_samples`` images; None: all), then
-    the logits of each batch in eval mode. ``batches`` must be re-iterable (a list or a loader). The new
-    statistics stay in the model."""
+def adabn(model: M.Module, batches: Iterable[Any], num_samples: Optional[int] = None,
+          method: str = "pooled", progress: bool = False) -> Iterator[np.ndarray]:
+    """AdaBN: :func:`adapt_bn_statistics` over ``batches``, then the logits of each batch in eval mode. The new
+    statistics stay in the model.
+
+    Args:
+        model: the model.
+        batches: batches as :func:`predict` takes them; re-iterable (a list or a loader).
+        num_samples: images the statistics come from (the first ones); None: all.
+        method: ``"pooled"`` or ``"batch_average"``.
+        progress: show the statistics pass's batches (rank 0).
+
+    Returns:
+        A generator of each batch's logits.
+
+    Raises:
+        TypeError: `batches` is an iterator (it is read twice).
+        ConfigError: the model has no BN layer to adapt.
+    """
     _reiterable(batches, "adabn")
     _check_has_bn(adaptable_bn_layers(model), "adabn")
-    adapt_bn_statistics(model, batches, num_samples=num_samples, method=method)
+    adapt_bn_statistics(model, batches, num_samples=num_samples, method=method, progress=progress)
     yield from predict(model, batches)
 
 
-def softmax_entropy(logits):
-    """Per-sample entropy of softmax(logits) along axis 1: ``-sum(p * log p)``."""
+def softmax_entropy(logits: mge.Tensor) -> mge.Tensor:
+    """Per-sample entropy of softmax(logits) along axis 1: ``-sum(p * log p)``.
+
+    Args:
+        logits: (N, classes).
+
+    Returns:
+        (N,) entropies.
+    """
     return -(F.softmax(logits, axis=1) * F.nn.logsoftmax(logits, axis=1)).sum(axis=1)
 
 
@@ -254,18 +323,36 @@ def _check_tent_args(steps, lr, params):
                           "run basebn.test without a multi-process launcher")
 
 
-def tent(model, batches, lr=1e-3, steps=1, optimizer="adam", betas=(0.9, 0.999), weight_decay=0.0,
-         episodic=False, momentum=0.9, nesterov=True):
+def tent(model: M.Module, batches: Iterable[Any], lr: float = 1e-3, steps: int = 1, optimizer: str = "adam",
+         betas: Tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0, episodic: bool = False,
+         momentum: float = 0.9, nesterov: bool = True) -> Iterator[np.ndarray]:
     """TENT: adapt the BN affine parameters by entropy minimisation, one batch at a time; yields the logits
     of each batch from the forward of its last update (see the module doc).
 
-    ``optimizer`` "adam" (``betas``, ``weight_decay``: TENT's CIFAR-10-C setting by default) or "sgd"
-    (``momentum``, ``nesterov``: TENT's SGD defaults 0.9 / True). ``episodic`` resets the adapted parameters
-    to the source values and the optimizer to a fresh state before every batch. The adapted affine
-    parameters stay in the model; flags and running statistics are restored after. A batch whose images
-    hold NaN or inf is not adapted on and is evaluated in eval mode (running statistics, the current γ/β); a
-    step whose gradient is non-finite is skipped (no update, the optimizer state unchanged) with the batch's
-    remaining steps.
+    The adapted affine parameters stay in the model; flags and running statistics are restored after. A
+    batch whose images hold NaN or inf is not adapted on and is evaluated in eval mode (running statistics,
+    the current γ/β); a step whose gradient is non-finite is skipped (no update, the optimizer state
+    unchanged) with the batch's remaining steps.
+
+    Args:
+        model: the model.
+        batches: batches as :func:`predict` takes them.
+        lr: the learning rate.
+        steps: updates per batch.
+        optimizer: "adam" or "sgd".
+        betas: Adam's (TENT's CIFAR-10-C setting by default).
+        weight_decay: Adam's weight decay.
+        episodic: reset the adapted parameters to the source values and the optimizer to a fresh state
+            before every batch.
+        momentum: SGD's momentum (TENT's SGD default).
+        nesterov: SGD's Nesterov momentum (TENT's SGD default).
+
+    Returns:
+        A generator of each batch's logits.
+
+    Raises:
+        ConfigError: steps below 1, a negative or non-finite lr, an unknown optimizer, no affine BN layer to
+            adapt, or a multi-process job (on the first batch).
     """
     layers = adaptable_bn_layers(model)
     params = [p for _, m in layers if m.affine for p in (m.weight, m.bias)]
@@ -311,15 +398,34 @@ def _tent_steps(model, images, params, gm, opt, steps, tally):
     return logits.numpy()
 
 
-def adapt_predictions(model, batches, method, *, num_samples=None, lr=1e-3, steps=1, optimizer="adam",
-                      episodic=False):
-    """Logits per batch of ``method`` in METHODS ("none": plain eval mode)."""
+def adapt_predictions(model: M.Module, batches: Iterable[Any], method: str, *, num_samples: Optional[int] = None,
+                      lr: float = 1e-3, steps: int = 1, optimizer: str = "adam",
+                      episodic: bool = False, progress: bool = False) -> Iterator[np.ndarray]:
+    """Logits per batch of ``method`` in METHODS ("none": plain eval mode).
+
+    Args:
+        model: the model (adapted in place by adabn and tent).
+        batches: batches as :func:`predict` takes them.
+        method: "none", "bn_batch", "adabn" or "tent".
+        num_samples: adabn's images; None: all.
+        lr: tent's learning rate.
+        steps: tent's updates per batch.
+        optimizer: tent's optimizer, "adam" or "sgd".
+        episodic: tent resets before every batch.
+        progress: show adabn's statistics pass (rank 0).
+
+    Returns:
+        An iterator of each batch's logits.
+
+    Raises:
+        ConfigError: an unknown method.
+    """
     if method == "none":
         return predict(model, batches)
     if method == "bn_batch":
         return bn_batch_predict(model, batches)
     if method == "adabn":
-        return adabn(model, batches, num_samples=num_samples)
+        return adabn(model, batches, num_samples=num_samples, progress=progress)
     if method == "tent":
         return tent(model, batches, lr=lr, steps=steps, optimizer=optimizer, episodic=episodic)
     raise ConfigError(f"unknown adaptation method {method!r}: use one of {', '.join(METHODS)}")
@@ -341,21 +447,47 @@ class _LabelTap:
         return len(self.loader)
 
 
-def evaluate_adapted(model, loader, method, desc="test", **options):
-    """``{'top1', 'top5', 'loss', 'images'}`` of ``method``'s logits on a labelled loader, batches in the
-    loader's order, summed over ranks (as :func:`basebn.engine.evaluate.evaluate`); options go to
-    :func:`adapt_predictions`. The hard labels of each batch score the logits the method yields for it."""
+def evaluate_adapted(model: M.Module, loader: Any, method: str, desc: str = "test", progress: bool = False,
+                     **options: Any) -> Dict[str, float]:
+    """Accuracy and loss of ``method``'s logits on a labelled loader, batches in the loader's order, summed
+    over ranks (as :func:`basebn.engine.evaluate.evaluate`). The hard labels of each batch score the logits
+    the method yields for it.
+
+    Args:
+        model: the model.
+        loader: a labelled loader with a length.
+        method: "none", "bn_batch", "adabn" or "tent".
+        desc: the progress display's label.
+        progress: show the batches done of total, and adabn's statistics pass (rank 0; basebn.test passes True).
+        **options: to :func:`adapt_predictions`.
+
+    Returns:
+        ``{'top1', 'top5', 'loss', 'images'}``.
+    """
     tap = _LabelTap(loader)
-    logits_iter = adapt_predictions(model, tap, method, **options)
-    bar = progress_bar(logits_iter, desc=f"{desc} ({method})", total=len(loader), enabled=dist.is_main_process())
+    logits_iter = adapt_predictions(model, tap, method, progress=progress, **options)
+    bar = progress_bar(logits_iter, desc=f"{desc} ({method})", total=len(loader), enabled=progress,
+                       rank=dist.get_rank())
     return score_predictions((logits, tap.labels) for logits in bar)
 
 
-def store_adapted_statistics(model, batches, method, num_samples=None):
+def store_adapted_statistics(model: M.Module, batches: Iterable[Any], method: str,
+                             num_samples: Optional[int] = None, progress: bool = False) -> Optional[Dict[str, Any]]:
     """Make the model's running statistics fit what ``method`` normalised with, before saving it as a normal
     weights file: for bn_batch and tent (which normalise with batch statistics and leave the running ones
     as the source's) the population statistics of ``batches`` under the adapted weights (an AdaBN pass);
-    adabn's and none's are already in place. Returns the precise-BN summary, or None."""
+    adabn's and none's are already in place.
+
+    Args:
+        model: the adapted model.
+        batches: batches as :func:`predict` takes them.
+        method: the method the model was adapted with.
+        num_samples: images of the AdaBN pass; None: all.
+        progress: show the pass's batches and summary line (rank 0).
+
+    Returns:
+        The precise-BN summary, or None (nothing to do).
+    """
     if method in ("bn_batch", "tent"):
-        return adapt_bn_statistics(model, batches, num_samples=num_samples)
+        return adapt_bn_statistics(model, batches, num_samples=num_samples, progress=progress)
     return None

@@ -138,10 +138,11 @@ def _save(model, options, meta, metrics):
                     f"-w {options.save_to}")
 
 
-def evaluate_with_adaptation(model, loader, batch_size, options, source=""):
+def evaluate_with_adaptation(model, loader, batch_size, options, source="", progress=True):
     """Metrics of ``model`` (loaded weights) on ``loader`` under ``options``; writes ``options.save_to`` when
     set (the adapted weights; for bn_batch / tent with running statistics re-estimated on the test images
-    under the adapted weights, so a plain evaluation of the file uses them)."""
+    under the adapted weights, so a plain evaluation of the file uses them). `progress`: rank 0 shows the
+    batches of each pass (on by default: this is basebn.test's)."""
     if options.method == "tent" and dist.get_world_size() > 1:
         raise ConfigError("--adapt tent runs in one process (each rank would adapt its own copy); run "
                           "basebn.test without a multi-process launcher")
@@ -157,7 +158,7 @@ def evaluate_with_adaptation(model, loader, batch_size, options, source=""):
                            f"--adapt none); use batch_size={MIN_RELIABLE_BATCH} or more (TENT uses 200)")
     try:
         metrics = evaluate_adapted(model, loader, options.method, lr=options.lr, steps=options.steps,
-                                   optimizer=options.optimizer, episodic=options.episodic)
+                                   optimizer=options.optimizer, episodic=options.episodic, progress=progress)
     except ValueError as exc:  # a batch too small for batch statistics (e.g. a last batch of one image)
         if "more than 1 value per channel" not in str(exc):
             raise
@@ -165,7 +166,7 @@ def evaluate_with_adaptation(model, loader, batch_size, options, source=""):
                           f"({str(exc).splitlines()[0]}); choose a batch_size that leaves no batch of one image "
                           f"(the last batch holds the remainder of the test set)") from exc
     if options.save_to is not None:
-        store_adapted_statistics(model, loader, options.method)
+        store_adapted_statistics(model, loader, options.method, progress=progress)
         meta = {"adapted": options.method, "source": str(source), "batch_size": int(batch_size),
                 **({"tent": {"lr": options.lr, "steps": options.steps, "optimizer": options.optimizer,
                              "episodic": options.episodic}} if options.method == "tent" else {})}

@@ -9,31 +9,57 @@ keeping an older reference. Design notes: docs/bn_design.md, "Model EMA".
 """
 import copy
 import weakref
+from typing import Any, Dict, Optional
 
 import numpy as np
 
 import megengine as mge
 import megengine.functional as F
+import megengine.module as M
 from megengine.functional.inplace import _inplace_add_
 
 __all__ = ["ModelEMA", "pycls_momentum", "ema_should_update"]
 
 
-def pycls_momentum(alpha, total_batch_size, max_epoch, update_period):
+def pycls_momentum(alpha: float, total_batch_size: int, max_epoch: int, update_period: int) -> float:
     """EMA momentum from pycls's alpha: ``max(0, 1 - alpha * total_batch_size / max_epoch * update_period)``.
 
     pycls (``ema_alpha``) and basecls (``model_ema.alpha``) use this so that the EMA's time horizon,
     measured in epochs, does not depend on the batch size or on how often the EMA is updated.
     ``pycls_momentum(1e-5, 1024, 100, 32) == 0.99672318``.
+
+    Args:
+        alpha: pycls's ``ema_alpha``.
+        total_batch_size: samples per iteration over all ranks.
+        max_epoch: epochs of the run.
+        update_period: iterations between EMA updates.
+
+    Returns:
+        The momentum (weight of the old average).
+
+    Raises:
+        ValueError: max_epoch or update_period not positive.
     """
     if max_epoch <= 0 or update_period <= 0:
         raise ValueError(f"max_epoch and update_period must be positive, got {max_epoch}, {update_period}")
     return max(0.0, 1.0 - alpha * total_batch_size / max_epoch * update_period)
 
 
-def ema_should_update(iter_global, epoch, start_epoch, update_period):
+def ema_should_update(iter_global: int, epoch: int, start_epoch: Optional[int], update_period: int) -> str:
     """What the EMA hook does after iteration ``iter_global`` (0-based, counted over the whole run)
     of epoch ``epoch`` (0-based): ``"copy"``, ``"update"`` or ``"skip"``.
+
+    Args:
+        iter_global: the iteration, 0-based over the whole run.
+        epoch: the epoch, 0-based.
+        start_epoch: the first epoch that averages; 0 or None: the first.
+        update_period: iterations between updates.
+
+    Returns:
+        ``"copy"``, ``"update"`` or ``"skip"``, by the rule below.
+
+    Raises:
+        ValueError: update_period below 1.
 
     * before ``start_epoch`` (0-based; ``0`` or ``None`` = from the very first epoch -- unlike
       basecls, where ``start_epoch or warmup_epochs`` turns 0 into the warm-up length): ``"copy"``
@@ -94,7 +120,7 @@ class ModelEMA:
     ``ema.module`` again after updates rather than keeping a reference from before.
     """
 
-    def __init__(self, model, momentum=0.9999, *, copy_buffers=False):
+    def __init__(self, model: M.Module, momentum: float = 0.9999, *, copy_buffers: bool = False):
         self.momentum = float(momentum)
         self.copy_buffers = bool(copy_buffers)
         self.updates = 0
@@ -184,9 +210,14 @@ class ModelEMA:
             own._reset(F.copy(src.detach()))  # a copy: the model may change its tensor in place
 
     # -- public API ------------------------------------------------------------------------------
-    def update(self, model, momentum=None):
+    def update(self, model: M.Module, momentum: Optional[float] = None) -> None:
         """``e = m * e + (1 - m) * p`` for every parameter and float buffer of ``model``
-        (buffers copied with ``copy_buffers``; integer buffers always copied)."""
+        (buffers copied with ``copy_buffers``; integer buffers always copied).
+
+        Args:
+            model: the model being trained (the one the EMA was made from, or one of the same structure).
+            momentum: this update's momentum; None: ``self.momentum``.
+        """
         m = self.momentum if momentum is None else float(momentum)
         self._take_from_module()
         floats, ints = self._model_tensors(model)
@@ -203,8 +234,12 @@ class ModelEMA:
         self._copy_ints(ints)
         self.updates += 1
 
-    def copy_from(self, model):
-        """Make the EMA an exact copy of ``model``'s parameters and buffers (used before start_epoch)."""
+    def copy_from(self, model: M.Module) -> None:
+        """Make the EMA an exact copy of ``model``'s parameters and buffers (used before start_epoch).
+
+        Args:
+            model: the model being trained.
+        """
         self._take_from_module()
         floats, ints = self._model_tensors(model)
         self._flat = self._gather(floats)
@@ -217,13 +252,17 @@ class ModelEMA:
         self._hand_to_module()
         return self._module
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """``{"module": {name: numpy array}, "momentum": float, "updates": int}``."""
         return {"module": {k: np.asarray(v) for k, v in self.module.state_dict().items()},
                 "momentum": self.momentum, "updates": int(self.updates)}
 
-    def load_state_dict(self, state):
-        """Load a :meth:`state_dict` (or a bare module state dict: only the weights are loaded)."""
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Load a :meth:`state_dict` (or a bare module state dict: only the weights are loaded).
+
+        Args:
+            state: a :meth:`state_dict`, or a module state dict.
+        """
         if "module" in state and isinstance(state["module"], dict):
             self.module.load_state_dict(state["module"])
             self.momentum = float(state.get("momentum", self.momentum))

@@ -26,6 +26,7 @@ from loguru import logger
 from .. import distributed as dist
 from ..checkpoint import write_epoch_end, write_final
 from ..layers.precise_bn import update_bn_stats
+from ..utils.progress import ProgressDisplay
 from .bn_hooks import BatchRenormHook, BNBufferSyncHook, FreezeBNHook, NonFiniteBNHook, freeze_start_epoch
 from .ema import ema_should_update
 from .evaluate import evaluate
@@ -90,23 +91,34 @@ def log_interval(every_n_iter, iters_per_epoch):
 
 
 class LoggerHook(BaseHook):
-    """Logs iteration, loss, lr, batch top-1, data/step time, images/s and ETA every n iterations (log_interval)."""
+    """Logs iteration, loss, lr, batch top-1, data/step time, images/s and ETA every n iterations (log_interval);
+    with `progress`, rank 0 also shows the epoch's iterations done (loss and lr beside them: utils/progress.py)."""
 
     priority = 30
 
-    def __init__(self, every_n_iter):
+    def __init__(self, every_n_iter, progress=False):
         self.requested = max(1, int(every_n_iter))
         self.every = self.requested
         self.window = []
+        self.progress, self.bar = progress, None
 
     def before_epoch(self):
+        t = self.trainer
         self.window = []
-        self.every = log_interval(self.requested, self.trainer.iters_per_epoch)
+        self.every = log_interval(self.requested, t.iters_per_epoch)
         self.epoch_start = time.perf_counter()
+        self.bar = ProgressDisplay(t.iters_per_epoch, f"epoch {t.progress.epoch}/{t.progress.max_epoch}", "iters",
+                                   enabled=self.progress, rank=dist.get_rank())
+
+    def after_epoch(self):
+        if self.bar is not None:
+            self.bar.close()
 
     def after_iter(self):
         t = self.trainer
         self.window.append(t.meter)
+        if self.bar is not None:
+            self.bar.update(1, postfix=f"loss {t.meter['loss']:.4f} lr {t.meter['lr']:.5f}")
         if t.progress.iter % self.every and t.progress.iter != t.iters_per_epoch:
             return
         w = self.window
@@ -134,9 +146,10 @@ class PreciseBNHook(BaseHook):
 
     priority = 40
 
-    def __init__(self, loader, every_n_epoch, num_samples, method, last_epoch=math.inf):
+    def __init__(self, loader, every_n_epoch, num_samples, method, last_epoch=math.inf, progress=False):
         self.loader, self.every, self.num_samples, self.method = loader, every_n_epoch, num_samples, method
         self.last_epoch = last_epoch  # none after it (bn.freeze_last_epochs: the statistics stay frozen)
+        self.progress = progress  # the pass's batches shown (rank 0)
 
     def after_epoch(self):
         t = self.trainer
@@ -146,9 +159,9 @@ class PreciseBNHook(BaseHook):
             return
         self.loader.set_epoch(t.progress.epoch - 1)
         logger.info(f"precise BN ({self.method}) on {self.num_samples} samples after epoch {t.progress.epoch}")
-        update_bn_stats(t.model, self.loader, self.num_samples, method=self.method)
+        update_bn_stats(t.model, self.loader, self.num_samples, method=self.method, progress=self.progress)
         if t.ema is not None:  # averaged BN buffers are not population statistics of the averaged weights
-            update_bn_stats(t.ema.module, self.loader, self.num_samples, method=self.method)
+            update_bn_stats(t.ema.module, self.loader, self.num_samples, method=self.method, progress=self.progress)
 
 
 class EvalHook(BaseHook):
@@ -157,9 +170,10 @@ class EvalHook(BaseHook):
 
     priority = 50
 
-    def __init__(self, loader, every_n_epoch, run_dir, record, extra_metrics=None):
+    def __init__(self, loader, every_n_epoch, run_dir, record, extra_metrics=None, progress=False):
         self.loader, self.every, self.path, self.record = loader, every_n_epoch, metrics_path(run_dir), record
         self.extra_metrics = extra_metrics  # () -> dict added to the row (NonFiniteBNHook.metrics)
+        self.progress = progress  # batches done shown (rank 0)
 
     def after_epoch(self):
         t = self.trainer
@@ -169,9 +183,9 @@ class EvalHook(BaseHook):
             return
         if hasattr(self.loader, "set_epoch"):  # a data warning of this pass then names the epoch
             self.loader.set_epoch(epoch - 1)
-        m = {"epoch": epoch, **evaluate(t.model, self.loader, desc=f"eval epoch {epoch}")}
+        m = {"epoch": epoch, **evaluate(t.model, self.loader, desc=f"eval epoch {epoch}", progress=self.progress)}
         if t.ema is not None:
-            e = evaluate(t.ema.module, self.loader, desc=f"eval EMA epoch {epoch}")
+            e = evaluate(t.ema.module, self.loader, desc=f"eval EMA epoch {epoch}", progress=self.progress)
             m.update({f"ema_{k}": v for k, v in e.items() if k != "images"})
         if self.extra_metrics is not None:
             m.update(self.extra_metrics())
@@ -222,9 +236,9 @@ def _finite_payload(payload, what):
     return payload
 
 
-def bn_training_hooks(cfg, precise_loader):
+def bn_training_hooks(cfg, precise_loader, progress=False):
     """(hooks, first frozen epoch or inf) of the bn.* training keys; hooks[0] is the NonFiniteBNHook. Their
-    priorities (10-45, between the hooks above) are explained in engine/bn_hooks.py."""
+    priorities (10-45, between the hooks above) are explained in engine/bn_hooks.py. `progress`: as default_hooks."""
     hooks = [NonFiniteBNHook()]
     if cfg.model.norm in ("BRN", "SyncBRN"):
         r = cfg.bn.renorm
@@ -233,24 +247,27 @@ def bn_training_hooks(cfg, precise_loader):
         hooks.append(BNBufferSyncHook(cfg.bn.sync_buffers))
     freeze_from = freeze_start_epoch(cfg.solver.max_epoch, cfg.bn.freeze_last_epochs)
     if freeze_from != math.inf:
-        hooks.append(FreezeBNHook(freeze_from, precise_loader, cfg.bn.num_samples_precise, cfg.bn.precise_method))
+        hooks.append(FreezeBNHook(freeze_from, precise_loader, cfg.bn.num_samples_precise, cfg.bn.precise_method,
+                                  progress=progress))
     return hooks, freeze_from
 
 
-def default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader, record):
+def default_hooks(cfg, base_lr, run_dir, test_loader, precise_loader, record, progress=False):
     """The hooks cfg asks for (the one config -> hook switch): lr schedule, EMA (model_ema.enabled), logger,
     precise BN (when `precise_loader` is not None: engine/build.py's build_precise_bn_loader decides), eval
-    and checkpoints reporting to `record`. Any order works: ClsTrainer orders hooks by priority."""
+    and checkpoints reporting to `record`. Any order works: ClsTrainer orders hooks by priority. `progress`
+    (basebn.train passes True): rank 0 shows the epoch's iterations, evaluation's and precise BN's batches."""
     hooks = [LRScheduleHook(base_lr, cfg.solver)]
     if cfg.model_ema.enabled:
         hooks.append(EMAHook(cfg.model_ema.start_epoch, cfg.model_ema.update_period))
-    hooks.append(LoggerHook(cfg.log_every_n_iter))
-    bn_hooks, freeze_from = bn_training_hooks(cfg, precise_loader)
+    hooks.append(LoggerHook(cfg.log_every_n_iter, progress=progress))
+    bn_hooks, freeze_from = bn_training_hooks(cfg, precise_loader, progress=progress)
     hooks.extend(bn_hooks)
     if precise_loader is not None:
         hooks.append(PreciseBNHook(precise_loader, cfg.bn.precise_every_n_epoch, cfg.bn.num_samples_precise,
-                                   cfg.bn.precise_method, last_epoch=freeze_from - 1))
-    hooks.append(EvalHook(test_loader, cfg.eval_every_n_epoch, run_dir, record, extra_metrics=bn_hooks[0].metrics))
+                                   cfg.bn.precise_method, last_epoch=freeze_from - 1, progress=progress))
+    hooks.append(EvalHook(test_loader, cfg.eval_every_n_epoch, run_dir, record, extra_metrics=bn_hooks[0].metrics,
+                          progress=progress))
     if cfg.log.tensorboard:  # rank 0 only; a snapshot hook (38) and the writer (55): engine/tensorboard_hook.py
         hooks.extend(tensorboard_hooks(run_dir, cfg.log_every_n_iter, record, precise_bn=precise_loader is not None))
     hooks.append(CheckpointHook(run_dir, cfg.save_every_n_epoch, record))

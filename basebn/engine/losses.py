@@ -4,6 +4,7 @@
 applied to hard labels only: soft targets come from the mixer, which has already smoothed them.
 Both losses average over the batch; BCE (timm's BinaryCrossEntropy) averages over B x K.
 """
+from typing import Any, Callable
 
 import megengine.functional as F
 
@@ -12,6 +13,7 @@ from ..config import ConfigError
 __all__ = ["LOSS_NAMES", "CrossEntropyLoss", "BinaryCrossEntropyLoss", "build_loss"]
 
 LOSS_NAMES = ("ce", "bce")
+"""The losses build_loss builds (``loss.name``)."""
 
 
 def _smoothed_one_hot(labels, num_classes: int, smoothing: float):
@@ -20,7 +22,11 @@ def _smoothed_one_hot(labels, num_classes: int, smoothing: float):
 
 
 class CrossEntropyLoss:
-    """Softmax cross-entropy: int labels (with label smoothing) or soft targets ``-sum(t * log p)``."""
+    """Softmax cross-entropy: int labels (with label smoothing) or soft targets ``-sum(t * log p)``.
+
+    Args:
+        label_smooth: the smoothing of hard labels.
+    """
 
     def __init__(self, label_smooth: float = 0.0):
         self.label_smooth = float(label_smooth)
@@ -32,7 +38,11 @@ class CrossEntropyLoss:
 
 
 class BinaryCrossEntropyLoss:
-    """Sigmoid BCE per class, mean over B x K, in the stable form max(x, 0) - x t + log(1 + e^-|x|)."""
+    """Sigmoid BCE per class, mean over B x K, in the stable form max(x, 0) - x t + log(1 + e^-|x|).
+
+    Args:
+        label_smooth: the smoothing of hard labels.
+    """
 
     def __init__(self, label_smooth: float = 0.0):
         self.label_smooth = float(label_smooth)
@@ -44,8 +54,15 @@ class BinaryCrossEntropyLoss:
         return (F.relu(x) - x * targets + F.log1p(F.exp(-F.abs(x)))).mean()
 
 
-def build_loss(cfg):
-    """The loss ``(logits, targets) -> scalar`` for ``cfg.loss`` (name, label_smooth)."""
+def build_loss(cfg: Any) -> Callable[..., Any]:
+    """The loss ``(logits, targets) -> scalar`` for ``cfg.loss`` (name, label_smooth).
+
+    Args:
+        cfg: the config (its loss section).
+
+    Raises:
+        ConfigError: an unknown loss.name.
+    """
     loss_cfg = cfg.loss
     name = loss_cfg.get("name", "ce") if hasattr(loss_cfg, "get") else getattr(loss_cfg, "name", "ce")
     smooth = loss_cfg.get("label_smooth", 0.0) if hasattr(loss_cfg, "get") else loss_cfg.label_smooth

@@ -2,24 +2,40 @@
 base lr (a warm-up as long as the run, or a decay that starts long before the warm-up ends)."""
 import bisect
 import math
+from typing import Any, Optional
 
 __all__ = ["lr_at", "schedule_factor", "peak_factor", "schedule_warning", "PEAK_FRACTION"]
 
 PEAK_FRACTION = 0.5  # schedule_warning speaks when the highest lr is below this fraction of the base lr
+"""schedule_warning speaks when the highest lr is below this fraction of the base lr."""
 _PEAK_SAMPLES = 2000  # points of the run at which peak_factor evaluates the schedule
 
 
-def lr_at(it, iters_per_epoch, solver, base_lr):
-    """Learning rate for 0-based global iteration `it`: base_lr * schedule_factor(it / iters_per_epoch, solver)."""
+def lr_at(it: int, iters_per_epoch: int, solver: Any, base_lr: float) -> float:
+    """Learning rate for 0-based global iteration `it`: base_lr * schedule_factor(it / iters_per_epoch, solver).
+
+    Args:
+        it: the iteration, 0-based over the whole run.
+        iters_per_epoch: iterations per epoch.
+        solver: the config's solver section.
+        base_lr: the base learning rate.
+    """
     return base_lr * schedule_factor(it / iters_per_epoch, solver)
 
 
-def schedule_factor(t, solver):
+def schedule_factor(t: float, solver: Any) -> float:
     """The lr as a fraction of the base lr at continuous epoch `t` (0-based):
       cosine: min + (1 - min) * (1 + cos(pi * t / max_epoch)) / 2
       linear: min + (1 - min) * (1 - t / max_epoch)
       step:   decay_factor ** (number of decay steps <= t)
     times a warm-up factor rising linearly from warmup_factor to 1 over warmup_epochs.
+
+    Args:
+        t: the epoch, continuous, 0-based.
+        solver: the config's solver section.
+
+    Raises:
+        ValueError: an unknown solver.lr_schedule.
     """
     if solver.lr_schedule == "cosine":
         f = solver.lr_min_factor + (1 - solver.lr_min_factor) * 0.5 * (1 + math.cos(math.pi * t / solver.max_epoch))
@@ -35,14 +51,23 @@ def schedule_factor(t, solver):
     return f
 
 
-def peak_factor(solver):
-    """The highest lr of the whole run as a fraction of the base lr (the schedule at 2,000 evenly spaced epochs)."""
+def peak_factor(solver: Any) -> float:
+    """The highest lr of the whole run as a fraction of the base lr (the schedule at 2,000 evenly spaced epochs).
+
+    Args:
+        solver: the config's solver section.
+    """
     return max(schedule_factor(solver.max_epoch * i / _PEAK_SAMPLES, solver) for i in range(_PEAK_SAMPLES))
 
 
-def schedule_warning(solver, base_lr):
+def schedule_warning(solver: Any, base_lr: float) -> Optional[str]:
     """One line when the warm-up lasts the whole run (solver.warmup_epochs >= solver.max_epoch, so the lr never
-    reaches `base_lr`) or the lr never gets above PEAK_FRACTION of `base_lr`; None for a schedule that does."""
+    reaches `base_lr`) or the lr never gets above PEAK_FRACTION of `base_lr`; None for a schedule that does.
+
+    Args:
+        solver: the config's solver section.
+        base_lr: the base learning rate.
+    """
     peak = peak_factor(solver)
     warmup, epochs = solver.warmup_epochs, solver.max_epoch
     shorter = f"solver.warmup_epochs={epochs / 10:g}"

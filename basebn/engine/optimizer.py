@@ -3,6 +3,9 @@
 SGD is MegEngine's with an in-place update (:class:`InplaceSGD`): three fused multiply-adds per
 parameter instead of six allocating ops; same arguments, state dict and arithmetic.
 """
+from typing import Any, Dict, List
+
+import megengine.module as M
 import megengine.optimizer as optim
 from megengine import tensor
 from megengine.functional.inplace import _inplace_add_
@@ -12,9 +15,18 @@ from ..layers.norm import is_norm
 __all__ = ["param_groups", "build_optimizer", "InplaceSGD"]
 
 
-def param_groups(model, weight_decay, exclude_norm_bias=True):
-    """[{'params': decayed, 'weight_decay': wd}, {'params': others, 'weight_decay': 0}]; with
-    ``exclude_norm_bias``, norm-layer parameters (:func:`basebn.layers.norm.is_norm`) and biases are the others."""
+def param_groups(model: M.Module, weight_decay: float, exclude_norm_bias: bool = True) -> List[Dict[str, Any]]:
+    """The optimizer's parameter groups: decayed and not.
+
+    Args:
+        model: the model.
+        weight_decay: the decayed group's weight decay.
+        exclude_norm_bias: norm-layer parameters (:func:`basebn.layers.norm.is_norm`) and biases go to the group
+            without decay.
+
+    Returns:
+        ``[{'params': decayed, 'weight_decay': wd}, {'params': others, 'weight_decay': 0}]``.
+    """
     no_decay_ids = set()
     if exclude_norm_bias:
         for _, module in model.named_modules():
@@ -59,8 +71,17 @@ class InplaceSGD(optim.SGD):
             _inplace_add_(param, v, alpha=one, beta=neg_lr)
 
 
-def build_optimizer(model, solver, lr):
-    """SGD (:class:`InplaceSGD`) or AdamW (``solver.optimizer``) over :func:`param_groups` of ``model``."""
+def build_optimizer(model: M.Module, solver: Any, lr: float) -> optim.Optimizer:
+    """SGD (:class:`InplaceSGD`) or AdamW (``solver.optimizer``) over :func:`param_groups` of ``model``.
+
+    Args:
+        model: the model.
+        solver: the config's solver section.
+        lr: the starting learning rate.
+
+    Raises:
+        ValueError: an unknown solver.optimizer.
+    """
     groups = param_groups(model, solver.weight_decay, solver.weight_decay_exclude_norm_bias)
     if solver.optimizer == "sgd":
         return InplaceSGD(groups, lr=lr, momentum=solver.momentum, nesterov=solver.nesterov)

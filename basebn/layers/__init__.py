@@ -1,10 +1,6 @@
-"""Layers, BN ops and model-level BN tools; each in its own module, the public API re-exported here.
-
-BN modules import one way (docs/bn_design.md): precise_bn, convert -> conv_bn -> conv_bn_pairs -> norm ->
-batch_renorm -> batch_norm, sync_bn, frozen_bn -> bn_function -> bn_guard, bn_ops -> kernel_library -> kernel_build;
-bn_accumulation -> norm, bn_guard; conv -> conv_ops -> kernel_library (the one custom-op library of BN and conv);
-max_pool -> conv, pool_ops -> kernel_library (the max-pool ops, built with the conv ops); linear -> conv, conv_ops,
-matmul_ops -> kernel_library (the matmul op, built with them too).
+"""nn modules, their autodiff Functions and the model-wide BN tools, each in its own module; the public API
+re-exported here, with the BN ops' names from :mod:`basebn.ops.bn_ops`. Where the package sits in the layering:
+docs/layout.md (checked by tests/test_architecture.py); what each module holds: docs/bn_design.md.
 """
 from .activation import HSigmoid, HSwish, PassThrough, ReLU6, Swish, build_activation  # noqa: F401
 from .batch_norm import BatchNorm2d  # noqa: F401
@@ -12,7 +8,7 @@ from .bn_act import BatchNormAct2d, FrozenBatchNormAct2d, SyncBatchNormAct2d, no
 from .batch_renorm import BatchRenorm2d, SyncBatchRenorm, renorm_limits_at, set_renorm_limits  # noqa: F401
 from .bn_accumulation import BNStatsAccumulator, accumulate_bn_stats  # noqa: F401
 from .bn_guard import restore_running_stats, snapshot_running_stats, take_nonfinite_counts  # noqa: F401
-from .bn_ops import (  # noqa: F401
+from ..ops.bn_ops import (  # noqa: F401
     backend as bn_backend,
     bn_act_backward_elemt,
     bn_act_backward_reduce,

@@ -2,6 +2,8 @@
 
 The modules hold no parameters except PReLU's, so swapping one never changes a state dict.
 """
+from typing import Callable, Optional, Union
+
 import megengine.functional as F
 import megengine.module as M
 
@@ -59,11 +61,21 @@ ACTIVATIONS = {
     "leaky_relu": M.LeakyReLU,
     "prelu": M.PReLU,
 }
+"""Activation name (basecls's) -> module class; build_activation builds one."""
 
 
-def build_activation(name):
-    """A new activation module for `name` (a key of ACTIVATIONS); None gives :class:`PassThrough`, a callable is
-    called."""
+def build_activation(name: Optional[Union[str, Callable[[], M.Module]]]) -> M.Module:
+    """A new activation module for `name`.
+
+    Args:
+        name: a key of ACTIVATIONS; None gives :class:`PassThrough`; a callable is called.
+
+    Returns:
+        The module.
+
+    Raises:
+        ValueError: an unknown name.
+    """
     if name is None:
         return PassThrough()
     if callable(name):

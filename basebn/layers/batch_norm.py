@@ -10,6 +10,8 @@ is a cumulative average (``num_batches_tracked`` is a plain attribute, not saved
 ``norm_batch_size`` (a plain attribute, not saved; None = the whole batch) normalises training batches in
 groups of that many consecutive samples (ghost BN, docs/bn_training.md).
 """
+from typing import Any, Optional
+
 import megengine.module as M
 from megengine.jit import tracing
 
@@ -18,8 +20,18 @@ from .bn_function import kernel_bn_forward
 __all__ = ["BatchNorm2d", "check_norm_batch_size"]
 
 
-def check_norm_batch_size(size):
-    """``size`` as an int >= 1, or None; anything else is a ValueError naming it."""
+def check_norm_batch_size(size: Optional[int]) -> Optional[int]:
+    """``size`` as an int >= 1, or None.
+
+    Args:
+        size: a normalisation batch size, or None (the whole batch).
+
+    Returns:
+        `size` as an int, or None.
+
+    Raises:
+        ValueError: anything but None or an integer >= 1.
+    """
     if size is None:
         return None
     if isinstance(size, bool) or int(size) != size or size < 1:
@@ -28,10 +40,26 @@ def check_norm_batch_size(size):
 
 
 class BatchNorm2d(M.BatchNorm2d):
-    """``megengine.module.BatchNorm2d`` (same arguments) on basebn's BN ops; see the module doc."""
+    """``megengine.module.BatchNorm2d`` (same arguments) on basebn's BN ops; see the module doc.
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.9, affine=True, track_running_stats=True,
-                 freeze=False, norm_batch_size=None, **kwargs):
+    Args:
+        num_features: C.
+        eps: added to the variance.
+        momentum: weight of the old running value (MegEngine's convention); None: a cumulative average.
+        affine: learnable weight and bias.
+        track_running_stats: keep running mean/var (else batch statistics in eval too).
+        freeze: use the running statistics in training too, with detached weight and bias.
+        norm_batch_size: normalise training batches in groups of this many samples (ghost BN); None: the
+            whole batch.
+        **kwargs: to ``megengine.module.BatchNorm2d``.
+
+    Raises:
+        ValueError: norm_batch_size is neither None nor an integer >= 1.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.9, affine: bool = True,
+                 track_running_stats: bool = True, freeze: bool = False, norm_batch_size: Optional[int] = None,
+                 **kwargs: Any):
         super().__init__(num_features, eps=eps, momentum=0.9 if momentum is None else momentum, affine=affine,
                          track_running_stats=track_running_stats, freeze=freeze, **kwargs)
         self.momentum = momentum

@@ -8,6 +8,9 @@ what one forward of the concatenated batch would have recorded. Ghost-BN layers 
 pool as the average over all groups. MegEngine's own BN layers are not basebn's and keep updating per batch.
 """
 import contextlib
+from typing import Iterator
+
+import megengine.module as M
 
 import megengine.functional as F
 
@@ -37,9 +40,12 @@ class BNStatsAccumulator:
     :meth:`finish` applies one pooled update per layer that saw a batch (the non-finite guard included) and
     detaches; :meth:`discard` detaches without touching any buffer. The trainer holds one across the
     micro-batches of an optimizer step; :func:`accumulate_bn_stats` is the same as a context manager.
+
+    Args:
+        model: the model; its BN layers with running statistics are the ones collected.
     """
 
-    def __init__(self, model):
+    def __init__(self, model: M.Module):
         self.layers = [m for m in model.modules() if is_bn(m) and has_running_stats(m)]
         self._parts = {}
         self.active = False
@@ -78,10 +84,17 @@ class BNStatsAccumulator:
 
 
 @contextlib.contextmanager
-def accumulate_bn_stats(model):
+def accumulate_bn_stats(model: M.Module) -> Iterator[BNStatsAccumulator]:
     """Within the block, `model`'s train-mode BN layers normalise each micro-batch as usual but leave their
     running statistics alone; on normal exit each updates them once with the pooled statistics of every
-    micro-batch it saw (= one forward of the concatenated batch). On an exception nothing is updated."""
+    micro-batch it saw (= one forward of the concatenated batch). On an exception nothing is updated.
+
+    Args:
+        model: the model.
+
+    Returns:
+        A context manager yielding the :class:`BNStatsAccumulator`.
+    """
     acc = BNStatsAccumulator(model)
     acc.start()
     try:

@@ -13,6 +13,9 @@ Whatever replaces a BN layer (SyncBN / FrozenBN conversion, conv-BN fusion, depl
 through :func:`carry_act`; models build their layers with :func:`with_act` and call them with
 :func:`norm_act`, which also serves norms without a fused form (GN, BRN: norm, then add, then activation).
 """
+from typing import Any, Optional, Tuple
+
+import megengine as mge
 import megengine.functional as F
 import megengine.module as M
 from megengine.jit import tracing
@@ -20,7 +23,7 @@ from megengine.jit import tracing
 from .activation import PassThrough, build_activation
 from .batch_norm import BatchNorm2d
 from .bn_act_function import kernel_bn_act_forward
-from .bn_ops import ACTIVATIONS, PRE_GRAD_ACTIVATIONS
+from ..ops.bn_ops import ACTIVATIONS, PRE_GRAD_ACTIVATIONS
 from .frozen_bn import FrozenBatchNorm2d
 from .sync_bn import SyncBatchNorm
 
@@ -39,8 +42,14 @@ def _check_act(act):
     return act
 
 
-def apply_act(y, act, shortcut=None):
-    """``act(y [+ shortcut])`` with plain MegEngine ops (``act`` in ``bn_ops.ACTIVATIONS``)."""
+def apply_act(y: mge.Tensor, act: str, shortcut: Optional[mge.Tensor] = None) -> mge.Tensor:
+    """``act(y [+ shortcut])`` with plain MegEngine ops.
+
+    Args:
+        y: a norm's output.
+        act: one of ``bn_ops.ACTIVATIONS``.
+        shortcut: a residual added before the activation, or None.
+    """
     if shortcut is not None:
         y = y + shortcut
     return _FUNCTIONS[act](y)
@@ -69,9 +78,21 @@ class _NormAct:
 
 
 class BatchNormAct2d(_NormAct, BatchNorm2d):
-    """:class:`.batch_norm.BatchNorm2d` followed by ``act`` (and a residual add before it), fused."""
+    """:class:`.batch_norm.BatchNorm2d` followed by ``act`` (and a residual add before it), fused.
 
-    def __init__(self, num_features, act="relu", eps=1e-5, momentum=0.9, **kwargs):
+    Args:
+        num_features: C.
+        act: one of ``bn_ops.ACTIVATIONS``.
+        eps: added to the variance.
+        momentum: as BatchNorm2d's.
+        **kwargs: to BatchNorm2d.
+
+    Raises:
+        ValueError: another act.
+    """
+
+    def __init__(self, num_features: int, act: str = "relu", eps: float = 1e-5, momentum: Optional[float] = 0.9,
+                 **kwargs: Any):
         super().__init__(num_features, eps=eps, momentum=momentum, **kwargs)
         self.act = _check_act(act)
 
@@ -86,9 +107,21 @@ class BatchNormAct2d(_NormAct, BatchNorm2d):
 
 class SyncBatchNormAct2d(_NormAct, SyncBatchNorm):
     """:class:`.sync_bn.SyncBatchNorm` followed by ``act`` (and a residual add before it), fused; the
-    statistics collectives are SyncBatchNorm's."""
+    statistics collectives are SyncBatchNorm's.
 
-    def __init__(self, num_features, act="relu", eps=1e-5, momentum=0.9, **kwargs):
+    Args:
+        num_features: C.
+        act: one of ``bn_ops.ACTIVATIONS``.
+        eps: added to the variance.
+        momentum: as SyncBatchNorm's.
+        **kwargs: to SyncBatchNorm.
+
+    Raises:
+        ValueError: another act.
+    """
+
+    def __init__(self, num_features: int, act: str = "relu", eps: float = 1e-5, momentum: Optional[float] = 0.9,
+                 **kwargs: Any):
         super().__init__(num_features, eps=eps, momentum=momentum, **kwargs)
         self.act = _check_act(act)
 
@@ -102,9 +135,19 @@ class SyncBatchNormAct2d(_NormAct, SyncBatchNorm):
 
 
 class FrozenBatchNormAct2d(_NormAct, FrozenBatchNorm2d):
-    """:class:`.frozen_bn.FrozenBatchNorm2d` followed by ``act`` (not fused: an affine and an activation)."""
+    """:class:`.frozen_bn.FrozenBatchNorm2d` followed by ``act`` (not fused: an affine and an activation).
 
-    def __init__(self, num_features, act="relu", eps=1e-5, **kwargs):
+    Args:
+        num_features: C.
+        act: one of ``bn_ops.ACTIVATIONS``.
+        eps: added to the variance.
+        **kwargs: to FrozenBatchNorm2d.
+
+    Raises:
+        ValueError: another act.
+    """
+
+    def __init__(self, num_features: int, act: str = "relu", eps: float = 1e-5, **kwargs: Any):
         super().__init__(num_features, eps=eps, **kwargs)
         self.act = _check_act(act)
 
@@ -117,10 +160,19 @@ class FrozenBatchNormAct2d(_NormAct, FrozenBatchNorm2d):
 
 
 class NormActTail(_NormAct, M.Module):
-    """``act(norm(x) [+ shortcut])`` around a module without a fused form (``norm`` may be ``M.Identity``
-    where the BN was folded into its conv); its state-dict keys are ``norm``'s under ``norm.``."""
+    """``act(norm(x) [+ shortcut])`` around a module without a fused form; its state-dict keys are ``norm``'s
+    under ``norm.``.
 
-    def __init__(self, norm, act, **kwargs):
+    Args:
+        norm: the module (``M.Identity`` where the BN was folded into its conv).
+        act: one of ``bn_ops.ACTIVATIONS``.
+        **kwargs: to ``megengine.module.Module``.
+
+    Raises:
+        ValueError: another act.
+    """
+
+    def __init__(self, norm: M.Module, act: str, **kwargs: Any):
         super().__init__(**kwargs)
         self.norm, self.act = norm, _check_act(act)
 
@@ -135,8 +187,12 @@ _ACT_CLASSES = {BatchNorm2d: BatchNormAct2d, SyncBatchNorm: SyncBatchNormAct2d,
                 FrozenBatchNorm2d: FrozenBatchNormAct2d}
 
 
-def has_act(m):
-    """``m`` applies an activation after its normalisation (a layer of this module)."""
+def has_act(m: M.Module) -> bool:
+    """``m`` applies an activation after its normalisation (a layer of this module).
+
+    Args:
+        m: any module.
+    """
     return isinstance(m, _NormAct)
 
 
@@ -149,11 +205,16 @@ def _swap(m, act):
     return m
 
 
-def with_act(norm, act):
-    """``norm`` (just built, of any kind) with ``act`` fused in when it has a fused form (basebn's
-    BatchNorm2d, SyncBatchNorm, FrozenBatchNorm2d: the same object, its class swapped for the act subclass),
-    else ``norm`` unchanged (GN, BRN, ...; :func:`norm_act` then applies the activation). ``act`` not in
-    ``bn_ops.ACTIVATIONS`` also leaves it unchanged; "swish" is fused as "silu" (build_activation's alias)."""
+def with_act(norm: M.Module, act: Optional[str]) -> M.Module:
+    """``norm`` with ``act`` fused in when it has a fused form (basebn's BatchNorm2d, SyncBatchNorm,
+    FrozenBatchNorm2d: the same object, its class swapped for the act subclass), else ``norm`` unchanged (GN,
+    BRN, ...; :func:`norm_act` then applies the activation).
+
+    Args:
+        norm: a norm layer just built, of any kind.
+        act: an activation name; one not in ``bn_ops.ACTIVATIONS`` leaves `norm` unchanged; "swish" is fused
+            as "silu" (build_activation's alias).
+    """
     act = ACT_ALIASES.get(act, act)
     if act not in ACTIVATIONS or has_act(norm):
         return norm
@@ -161,28 +222,52 @@ def with_act(norm, act):
     return norm if swapped is None else swapped
 
 
-def norm_then_act(norm, act, fuse=True):
-    """``(norm, act module)`` for a norm followed by activation ``act`` (a name or None): the norm with ``act``
-    fused in and a :class:`.activation.PassThrough` (an ``Identity`` without MegEngine's copy), or (``fuse``
-    False, no fused form) the norm as built and ``build_activation(act)``. A block's last norm fuses only when
-    nothing (SE, drop path) sits between it and the residual add; it adds the shortcut then (:func:`norm_act`)."""
+def norm_then_act(norm: M.Module, act: Optional[str], fuse: bool = True) -> Tuple[M.Module, M.Module]:
+    """``(norm, act module)`` for a norm followed by activation ``act``: the norm with ``act`` fused in and a
+    :class:`.activation.PassThrough` (an ``Identity`` without MegEngine's copy), or (``fuse`` False, no fused
+    form) the norm as built and ``build_activation(act)``. A block's last norm fuses only when nothing (SE,
+    drop path) sits between it and the residual add; it adds the shortcut then (:func:`norm_act`).
+
+    Args:
+        norm: a norm layer just built.
+        act: an activation name, or None.
+        fuse: fuse the activation where the norm has a fused form.
+    """
     if fuse and isinstance(act, str):
         norm = with_act(norm, act)
     return (norm, PassThrough()) if has_act(norm) else (norm, build_activation(act))
 
 
-def carry_act(src, dst):
-    """``dst``, a replacement of layer ``src``, applying ``src``'s activation too: ``dst`` itself (act
-    subclass of its class) or a :class:`NormActTail` around it. ``src`` without an activation: ``dst``."""
+def carry_act(src: M.Module, dst: M.Module) -> M.Module:
+    """``dst``, a replacement of layer ``src``, applying ``src``'s activation too.
+
+    Args:
+        src: the layer replaced.
+        dst: its replacement.
+
+    Returns:
+        ``dst`` itself (act subclass of its class) or a :class:`NormActTail` around it; ``dst`` when ``src``
+        has no activation.
+    """
     if not has_act(src) or has_act(dst):
         return dst
     swapped = _swap(dst, src.act)
     return NormActTail(dst, src.act) if swapped is None else swapped
 
 
-def norm_act(norm, x, act, shortcut=None):
+def norm_act(norm: M.Module, x: mge.Tensor, act: str, shortcut: Optional[mge.Tensor] = None) -> mge.Tensor:
     """``act(norm(x) [+ shortcut])``: one fused call when ``norm`` carries ``act`` (:func:`with_act`), else
-    the norm, the add and the activation as plain ops."""
+    the norm, the add and the activation as plain ops.
+
+    Args:
+        norm: the norm layer.
+        x: its input.
+        act: the activation.
+        shortcut: a residual added before the activation, or None.
+
+    Raises:
+        ValueError: ``norm`` carries another activation.
+    """
     if has_act(norm):
         if norm.act != ACT_ALIASES.get(act, act):
             raise ValueError(f"{type(norm).__name__} applies {norm.act!r}, the caller asked for {act!r}")

@@ -1,4 +1,4 @@
-"""The fused BN -> activation autodiff Functions (BN [+ shortcut] -> act on :mod:`.bn_ops`' fused ops),
+"""The fused BN -> activation autodiff Functions (BN [+ shortcut] -> act on :mod:`basebn.ops.bn_ops`' fused ops),
 and the forward built on them.
 
 The statistics are :mod:`.bn_function`'s, unchanged (local, or SyncBN's one ``all_gather`` forward and one
@@ -13,9 +13,9 @@ import megengine.functional as F
 from megengine.autodiff import Function
 
 from .. import distributed as dist
-from . import bn_ops
+from ..ops import bn_ops
 from .bn_function import _affine_args, _BNTrainFunction, _empty_like, _prepare_record, _record, _zeros_c
-from .kernel_library import has_values
+from ..ops.kernel_library import has_values
 
 __all__ = ["kernel_bn_act_forward"]
 

@@ -1,4 +1,4 @@
-"""The BatchNorm autodiff Functions on :mod:`basebn.layers.bn_ops`, and the forward built on them.
+"""The BatchNorm autodiff Functions on :mod:`basebn.ops.bn_ops`, and the forward built on them.
 
 :func:`kernel_bn_forward` is the forward of basebn's ``BatchNorm2d`` (``sync=False``) and of
 ``SyncBatchNorm``: running statistics in eval / ``freeze`` (:class:`_BNEvalFunction`), else batch
@@ -14,9 +14,9 @@ import megengine.functional as F
 from megengine.autodiff import Function
 
 from .. import distributed as dist
-from . import bn_ops
+from ..ops import bn_ops
 from .bn_guard import in_op_update_args, record_batch, store_in_op_update
-from .kernel_library import has_values
+from ..ops.kernel_library import has_values
 from .moments import Moments, merge_all
 
 __all__ = ["kernel_bn_forward"]

@@ -1,7 +1,7 @@
 """Conv2d with fast CPU training, and the folded conv-BN op built on the same ops.
 
 MegEngine 1.13's CPU convolutions are slow (its weight gradient ~20x its forward), so on CPU
-forward, data gradient and weight gradient run on basebn's oneDNN custom ops (:mod:`.conv_ops`,
+forward, data gradient and weight gradient run on basebn's oneDNN custom ops (:mod:`basebn.ops.conv_ops`,
 ``$BASEBN_CONV_BACKEND``). Without them (or with ``megengine``) the conv is MegEngine's with a
 detached weight and dW from :func:`conv_weight_grad` (numpy BLAS), or MegEngine's own for grouped convs. On GPU, and whenever
 ``fast_cpu_weight_grad(False)`` (jit.trace, exporters: a traced graph never holds a custom op),
@@ -18,9 +18,9 @@ from megengine.core.ops import builtin
 from megengine.functional.debug_param import get_execution_strategy
 from megengine.module.qat import QATModule
 
-from .conv_ops import (ConvGeometry, conv_backend, conv_backward, conv_backward_data, conv_backward_weights,
-                       conv_forward)
-from .kernel_library import has_values
+from ..ops.conv_ops import (ConvGeometry, conv_backend, conv_backward, conv_backward_data, conv_backward_weights,
+                           conv_forward)
+from ..ops.kernel_library import has_values
 
 __all__ = [
     "Conv2d",

@@ -9,10 +9,12 @@ running statistics; in batch-statistics mode the pair runs as before. Both modul
 """
 import copy
 import warnings
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 import megengine as mge
+import megengine.module as M
 
 from .activation import PassThrough
 from .bn_act import carry_act
@@ -139,8 +141,12 @@ def _unswitch(mod):
         delattr(mod, "forward")
 
 
-def efficient_conv_bn_pairs(model):
-    """The (conv_name, bn_name) pairs of `model` currently switched to the efficient form."""
+def efficient_conv_bn_pairs(model: M.Module) -> List[Tuple[str, str]]:
+    """The (conv_name, bn_name) pairs of `model` currently switched to the efficient form.
+
+    Args:
+        model: the model.
+    """
     names = {id(m): n for n, m in model.named_modules()}
     pairs = []
     for name, mod in model.named_modules():
@@ -162,16 +168,22 @@ def _find_or_declared(model, example_input):
         return list(declared)
 
 
-def enable_efficient_conv_bn_eval(model, example_input=None, pairs=None):
+def enable_efficient_conv_bn_eval(model: M.Module, example_input: Any = None,
+                                  pairs: Optional[Sequence[Tuple[str, str]]] = None) -> List[Tuple[str, str]]:
     """Switch every Conv2d -> BN pair of `model` whose conv output feeds only the BN, in place.
 
-    Pairs are found by tracing `model` on `example_input` (a tensor/array or tuple of forward
-    arguments; default: `model.example_input`, `model.input_shape`, or inferred from the first
-    conv's in_channels). `pairs` (list of (conv_name, bn_name)) skips the trace and trusts the
-    caller. If tracing fails and the model declares `conv_bn_pairs`, those are used (with a
-    warning). Pairs where the conv has forward hooks or the BN forward pre-hooks (they would see
-    different tensors) are left alone. Returns the switched (conv_name, bn_name) pairs.
-    Calling it again re-finds the pairs; `disable_efficient_conv_bn_eval` undoes it.
+    If tracing fails and the model declares `conv_bn_pairs`, those are used (with a warning). Pairs where
+    the conv has forward hooks or the BN forward pre-hooks (they would see different tensors) are left
+    alone. Calling it again re-finds the pairs; `disable_efficient_conv_bn_eval` undoes it.
+
+    Args:
+        model: the model.
+        example_input: a tensor/array or tuple of forward arguments to trace `model` on; default:
+            `model.example_input`, `model.input_shape`, or inferred from the first conv's in_channels.
+        pairs: (conv_name, bn_name) pairs to switch: skips the trace and trusts the caller.
+
+    Returns:
+        The switched (conv_name, bn_name) pairs.
     """
     disable_efficient_conv_bn_eval(model)
     if pairs is None:
@@ -187,28 +199,52 @@ def enable_efficient_conv_bn_eval(model, example_input=None, pairs=None):
     return switched
 
 
-def disable_efficient_conv_bn_eval(model):
-    """Undo `enable_efficient_conv_bn_eval` on `model` (in place); returns the pairs that were switched."""
+def disable_efficient_conv_bn_eval(model: M.Module) -> List[Tuple[str, str]]:
+    """Undo `enable_efficient_conv_bn_eval` on `model` (in place).
+
+    Args:
+        model: the model.
+
+    Returns:
+        The (conv_name, bn_name) pairs that were switched.
+    """
     pairs = efficient_conv_bn_pairs(model)
     for _, mod in model.named_modules():
         _unswitch(mod)
     return pairs
 
 
-def fold_conv_bn(conv, bn):
-    """(weight, bias) numpy arrays of the single conv equal to bn(conv(x)) with BN's running statistics."""
+def fold_conv_bn(conv: M.Module, bn: M.Module) -> Tuple[np.ndarray, np.ndarray]:
+    """The weight and bias of the single conv equal to bn(conv(x)) with BN's running statistics.
+
+    Args:
+        conv: a Conv2d.
+        bn: the BN layer that follows it.
+
+    Returns:
+        (weight, bias) float32 numpy arrays; bias of shape (1, C, 1, 1).
+    """
     scale, shift = _scale_shift(bn, conv.bias)
     weight = fold_weight(conv.weight, scale)
     return weight.numpy().astype(np.float32), shift.numpy().astype(np.float32).reshape(1, -1, 1, 1)
 
 
-def fuse_conv_bn(model, example_input=None, pairs=None):
+def fuse_conv_bn(model: M.Module, example_input: Any = None,
+                 pairs: Optional[Sequence[Tuple[str, str]]] = None) -> M.Module:
     """Inference copy of `model` (deep copy, eval mode) with each conv -> BN pair folded into the conv.
 
     The conv gets the folded weight and a bias, the BN is replaced by a :class:`.activation.PassThrough`
     identity (its state-dict keys disappear; the conv gains a `bias` key where it had none), or by a
-    :class:`.bn_act.NormActTail` applying the BN's activation when it has one. Pairs as in
-    `enable_efficient_conv_bn_eval`. BNs without running statistics are left in place.
+    :class:`.bn_act.NormActTail` applying the BN's activation when it has one. BNs without running
+    statistics are left in place.
+
+    Args:
+        model: the model (left unchanged).
+        example_input: the input to find the pairs by tracing, as in `enable_efficient_conv_bn_eval`.
+        pairs: (conv_name, bn_name) pairs to fold: skips the trace.
+
+    Returns:
+        The fused copy.
     """
     fused = copy.deepcopy(model)
     disable_efficient_conv_bn_eval(fused)

@@ -4,9 +4,12 @@ The model is traced once in eval mode (``megengine.traced_module``) with conv an
 opaque leaves; a pair qualifies when the conv's output node has exactly one user, a call of a BN
 with that node as its only input, and is not a graph output. Flags and buffers are restored after.
 """
+from typing import Any, List, Tuple
+
 import numpy as np
 
 import megengine as mge
+import megengine.module as M
 from megengine.traced_module import trace_module
 from megengine.traced_module.expr import CallMethod, GetAttr
 from megengine.traced_module.module_tracer import module_tracer
@@ -130,12 +133,19 @@ def _pairs_from_graph(model, traced):
     return pairs
 
 
-def find_conv_bn_pairs(model, example_input=None):
+def find_conv_bn_pairs(model: M.Module, example_input: Any = None) -> List[Tuple[str, str]]:
     """List of (conv_name, bn_name): every Conv2d -> BN pair of `model` whose conv output feeds only the BN.
 
-    `example_input` (tensor/array, or tuple of forward arguments) drives the trace; without it one is
-    taken from `model.example_input` / `model.input_shape` or inferred (see `example_input_for`).
-    Raises RuntimeError when the model cannot be traced with any candidate input.
+    Args:
+        model: the model.
+        example_input: a tensor/array, or tuple of forward arguments, to trace `model` on; without it one is
+            taken from `model.example_input` / `model.input_shape` or inferred (see `example_input_for`).
+
+    Returns:
+        The pairs.
+
+    Raises:
+        RuntimeError: the model cannot be traced with any candidate input.
     """
     candidates = example_input_for(model, example_input)
     if not candidates:

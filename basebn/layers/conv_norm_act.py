@@ -5,6 +5,8 @@ included: on CPU it trains on the oneDNN ops (a 3x3 depthwise fwd + dW: 40 ms vs
 parameters and state-dict keys are those of ``megengine.module.Conv2d``. :class:`ConvNormAct`'s BN carries its
 activation when both have a fused form (:func:`~basebn.layers.bn_act.norm_then_act`; ``act`` is then an ``Identity``).
 """
+from typing import Callable, Optional
+
 import megengine.module as M
 
 from .bn_act import norm_then_act
@@ -13,8 +15,25 @@ from .conv import Conv2d
 __all__ = ["padded_conv", "ConvNormAct"]
 
 
-def padded_conv(w_in, w_out, kernel, stride=1, groups=1, dilation=1, bias=False):
-    """A Conv2d with padding (kernel - 1) * dilation // 2 (odd kernels keep the size at stride 1)."""
+def padded_conv(w_in: int, w_out: int, kernel: int, stride: int = 1, groups: int = 1, dilation: int = 1,
+                bias: bool = False) -> M.Module:
+    """A Conv2d with padding (kernel - 1) * dilation // 2 (odd kernels keep the size at stride 1).
+
+    Args:
+        w_in: input channels.
+        w_out: output channels.
+        kernel: the (odd) kernel size.
+        stride: the stride.
+        groups: channel groups (w_in for a depthwise conv).
+        dilation: the dilation.
+        bias: a learnable bias.
+
+    Returns:
+        basebn's Conv2d.
+
+    Raises:
+        ValueError: an even kernel.
+    """
     if kernel % 2 == 0:
         raise ValueError(f"padded_conv: kernel {kernel} is even; only odd kernels have symmetric padding")
     return Conv2d(w_in, w_out, kernel, stride=stride, padding=(kernel - 1) * dilation // 2,
@@ -24,12 +43,21 @@ def padded_conv(w_in, w_out, kernel, stride=1, groups=1, dilation=1, bias=False)
 class ConvNormAct(M.Module):
     """conv -> bn -> act as attributes ``conv``, ``bn``, ``act`` (basecls's SimpleStem / head layout).
 
-    `norm_layer(channels)` builds the norm module; `act` is a name for build_activation (None: none). A BN
-    (SyncBN, FrozenBN) with a fusable `act` applies it itself (:func:`.bn_act.norm_then_act`): ``act`` is then
-    an ``Identity``, the state dict unchanged.
+    A BN (SyncBN, FrozenBN) with a fusable `act` applies it itself (:func:`.bn_act.norm_then_act`): ``act`` is
+    then an ``Identity``, the state dict unchanged.
+
+    Args:
+        w_in: input channels.
+        w_out: output channels.
+        kernel: the (odd) kernel size.
+        norm_layer: ``norm_layer(channels)`` builds the norm module.
+        act: a name for build_activation; None: none.
+        stride: the conv's stride.
+        groups: the conv's channel groups.
     """
 
-    def __init__(self, w_in, w_out, kernel, norm_layer, act="relu", stride=1, groups=1):
+    def __init__(self, w_in: int, w_out: int, kernel: int, norm_layer: Callable[[int], M.Module],
+                 act: Optional[str] = "relu", stride: int = 1, groups: int = 1):
         super().__init__()
         self.conv = padded_conv(w_in, w_out, kernel, stride=stride, groups=groups)
         self.bn, self.act = norm_then_act(norm_layer(w_out), act)

@@ -4,6 +4,8 @@ Each returns the converted model: ``model`` itself with its BN layers replaced i
 new layer when ``model`` is itself one. Values (and, for SyncBN, the very Parameter and buffer
 objects) are kept.
 """
+from typing import Any
+
 import megengine.module as M
 
 from .batch_norm import BatchNorm2d
@@ -58,13 +60,20 @@ def _to_plain(bn):
     return _transfer(bn, new)
 
 
-def convert_sync_batchnorm(module, group=None):
+def convert_sync_batchnorm(module: M.Module, group: Any = None) -> M.Module:
     """Replace every BN layer of ``module`` but FrozenBatchNorm2d (MegEngine's BatchNorm1d / BatchNorm2d /
     SyncBatchNorm) by a :class:`SyncBatchNorm` holding the same weight/bias/running tensors, name,
     eps, momentum, affine, freeze and train/eval flag.
 
     Convert before building the optimizer (the Parameters are shared, so one built earlier keeps
     working too).
+
+    Args:
+        module: the model (converted in place) or a single BN layer.
+        group: a :func:`basebn.distributed.new_group` group to synchronise over; None: all ranks.
+
+    Returns:
+        `module`, or its replacement when `module` is itself a BN layer.
     """
     def convert(m):
         return _to_sync(m, group) if is_bn(m) and not (is_frozen_bn(m) or isinstance(m, SyncBatchNorm)) else None
@@ -72,12 +81,18 @@ def convert_sync_batchnorm(module, group=None):
     return replace_modules(module, convert)
 
 
-def revert_sync_batchnorm(module):
+def revert_sync_batchnorm(module: M.Module) -> M.Module:
     """Replace every :class:`SyncBatchNorm` by a local BN with the same tensors and settings: the
     class it was converted from (MegEngine's BatchNorm1d / BatchNorm2d, basebn's BatchNorm2d), basebn's
     :class:`BatchNorm2d` (what ``build_norm("BN")`` builds) for one built directly or converted from
     megengine's SyncBatchNorm. ``momentum=None`` stays None on basebn's BatchNorm2d and becomes 0.9 on
     MegEngine's classes (they have no cumulative mode).
+
+    Args:
+        module: the model (converted in place) or a single SyncBatchNorm.
+
+    Returns:
+        `module`, or its replacement when `module` is itself a SyncBatchNorm.
     """
     return replace_modules(module, lambda m: _to_plain(m) if isinstance(m, SyncBatchNorm) else None)
 
@@ -94,11 +109,17 @@ def _keeping_efficient_pairs(module, convert):
     return out
 
 
-def convert_frozen_batchnorm(module):
+def convert_frozen_batchnorm(module: M.Module) -> M.Module:
     """Convert every BN layer that can follow a conv (BatchNorm2d, SyncBatchNorm) to :class:`FrozenBatchNorm2d`.
 
     Values are kept; pairs switched by ``enable_efficient_conv_bn_eval`` stay switched (re-linked to
     the new modules).
+
+    Args:
+        module: the model (converted in place) or a single BN layer.
+
+    Returns:
+        `module`, or its replacement when `module` is itself a BN layer.
     """
     def convert(m):
         return carry_act(m, FrozenBatchNorm2d.from_batchnorm(m)) if is_bn2d(m) and not is_frozen_bn(m) else None
@@ -106,9 +127,17 @@ def convert_frozen_batchnorm(module):
     return _keeping_efficient_pairs(module, convert)
 
 
-def convert_to_batchnorm(module, norm_cls=BatchNorm2d, **kwargs):
-    """Inverse of :func:`convert_frozen_batchnorm`: every FrozenBatchNorm2d becomes a trainable ``norm_cls``
-    (default basebn's :class:`BatchNorm2d`, as ``build_norm("BN")``; kwargs go to its constructor)."""
+def convert_to_batchnorm(module: M.Module, norm_cls: type = BatchNorm2d, **kwargs: Any) -> M.Module:
+    """Inverse of :func:`convert_frozen_batchnorm`: every FrozenBatchNorm2d becomes a trainable ``norm_cls``.
+
+    Args:
+        module: the model (converted in place) or a single FrozenBatchNorm2d.
+        norm_cls: the BN class to build (default basebn's :class:`BatchNorm2d`, as ``build_norm("BN")``).
+        **kwargs: to `norm_cls`'s constructor.
+
+    Returns:
+        `module`, or its replacement when `module` is itself a FrozenBatchNorm2d.
+    """
     def convert(m):
         return m.to_batchnorm(norm_cls, **kwargs) if is_frozen_bn(m) else None
 

@@ -5,6 +5,8 @@ All four tensors are buffers (no gradient, no optimizer), with BatchNorm2d's sta
 shapes: it derives from MegEngine's ``_BatchNorm`` only for that (C,) <-> (1, C, 1, 1) reshape rule.
 Model-wide conversions are in :mod:`basebn.layers.convert`.
 """
+from typing import Any
+
 import numpy as np
 
 import megengine as mge
@@ -29,9 +31,15 @@ def _bn_values(bn):
 
 
 class FrozenBatchNorm2d(_BatchNorm):
-    """BatchNorm2d with frozen statistics and affine; `training` does not change its output."""
+    """BatchNorm2d with frozen statistics and affine; `training` does not change its output.
 
-    def __init__(self, num_features, eps=1e-5, **kwargs):
+    Args:
+        num_features: C.
+        eps: added to the variance.
+        **kwargs: to ``megengine.module.Module``.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, **kwargs: Any):
         M.Module.__init__(self, **kwargs)  # not _BatchNorm's: it would make weight and bias Parameters
         self.num_features = num_features
         self.eps = eps

@@ -5,6 +5,7 @@ input); :class:`AdaptiveAvgPool2d` here uses PyTorch's bins (start = floor(i*H/o
 end = ceil((i+1)*H/out)), computed as two small averaging matrices: out = P_h @ x @ P_w^T.
 """
 import math
+from typing import Sequence, Union
 
 import numpy as np
 
@@ -15,8 +16,13 @@ import megengine.module as M
 __all__ = ["GlobalAvgPool2d", "AdaptiveAvgPool2d", "adaptive_pool_matrix"]
 
 
-def adaptive_pool_matrix(size_in, size_out):
-    """(size_out, size_in) float32 matrix whose row i averages PyTorch's adaptive bin i."""
+def adaptive_pool_matrix(size_in: int, size_out: int) -> np.ndarray:
+    """(size_out, size_in) float32 matrix whose row i averages PyTorch's adaptive bin i.
+
+    Args:
+        size_in: the input's size along one axis.
+        size_out: the output's.
+    """
     mat = np.zeros((size_out, size_in), np.float32)
     for i in range(size_out):
         start, end = (i * size_in) // size_out, math.ceil((i + 1) * size_in / size_out)
@@ -32,9 +38,13 @@ class GlobalAvgPool2d(M.Module):
 
 
 class AdaptiveAvgPool2d(M.Module):
-    """Adaptive average pooling to `output_size` (int or (h, w)) with PyTorch's bins, any input size."""
+    """Adaptive average pooling to `output_size` with PyTorch's bins, any input size.
 
-    def __init__(self, output_size):
+    Args:
+        output_size: an int, or (h, w).
+    """
+
+    def __init__(self, output_size: Union[int, Sequence[int]]):
         super().__init__()
         self.output_size = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * 2
 

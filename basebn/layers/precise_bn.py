@@ -7,7 +7,9 @@ input moments come from :func:`bn_ops.bn_stats` and are merged over batches, the
 Design notes (methods, rank quotas, SyncBN modes): docs/bn_design.md.
 """
 import contextlib
+import math
 import time
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 from loguru import logger
@@ -17,8 +19,8 @@ import megengine.functional as F
 import megengine.module as M
 
 from .. import distributed as dist
-from ..utils.progress import progress_bar
-from . import bn_ops
+from ..utils.progress import ProgressDisplay
+from ..ops import bn_ops
 from .moments import Moments, empty_moments, merge_moments
 from .norm import OTHER_NORM_TYPES, has_running_stats, is_bn, is_frozen_bn, is_sync_bn
 from .sync_bn import local_statistics
@@ -27,7 +29,9 @@ __all__ = ["update_bn_stats", "collect_bn_population_stats", "bn_layers_for_prec
            "METHODS", "SYNC_BN_MODES"]
 
 METHODS = ("pooled", "batch_average")
+"""update_bn_stats's methods: population mean / unbiased variance, or pycls's average of batch statistics."""
 SYNC_BN_MODES = ("auto", "local", "global")
+"""How SyncBN layers normalise during the pass: auto, this rank's statistics, or the ranks in lockstep."""
 
 
 # ------------------------------------------------------------------------------- which layers
@@ -46,9 +50,16 @@ def _skip_reason(m):
     return ""
 
 
-def bn_layers_for_precise_bn(model):
-    """``(layers, skipped)``: the ``[(name, module)]`` precise BN updates, and ``{reason: count}`` of
-    the norm layers it leaves alone (FrozenBN, freeze=True, no running stats, GroupNorm/InstanceNorm/LayerNorm)."""
+def bn_layers_for_precise_bn(model: M.Module) -> Tuple[List[Tuple[str, M.Module]], Dict[str, int]]:
+    """The BN layers precise BN updates, and the norm layers it leaves alone.
+
+    Args:
+        model: the model.
+
+    Returns:
+        ``(layers, skipped)``: ``[(name, module)]``, and ``{reason: count}`` of the layers left alone
+        (FrozenBN, freeze=True, no running stats, GroupNorm/InstanceNorm/LayerNorm).
+    """
     layers, skipped = [], {}
     for name, m in model.named_modules():
         reason = _skip_reason(m)
@@ -59,9 +70,21 @@ def bn_layers_for_precise_bn(model):
     return layers, skipped
 
 
-def rank_quota(num_samples, rank, world):
-    """Samples rank ``rank`` of ``world`` processes: ``num_samples // world``, plus one for the first
-    ``num_samples % world`` ranks (so the quotas add up to ``num_samples``). ``None`` = unlimited."""
+def rank_quota(num_samples: Optional[int], rank: int, world: int) -> Optional[int]:
+    """Samples rank ``rank`` of ``world`` processes takes: ``num_samples // world``, plus one for the first
+    ``num_samples % world`` ranks (so the quotas add up to ``num_samples``).
+
+    Args:
+        num_samples: samples over all ranks; None: unlimited.
+        rank: this process's rank.
+        world: the number of processes.
+
+    Returns:
+        The rank's quota, or None (unlimited).
+
+    Raises:
+        ValueError: num_samples below 0.
+    """
     if num_samples is None:
         return None
     num_samples = int(num_samples)
@@ -254,13 +277,22 @@ def _train_mode(model, layers):
 
 @contextlib.contextmanager
 def _closing(batches, bar):
-    """Close the progress bar and the batch generator (the loader releases its workers) at the end."""
+    """Close the progress display and the batch generator (the loader releases its workers) at the end."""
     try:
-        yield
+        with bar:
+            yield
     finally:
-        if bar is not batches and hasattr(bar, "close"):
-            bar.close()
         batches.close()
+
+
+def _expected_batches(loader, quota, first_batch):
+    """Batches the pass will run: the loader's length, fewer when `quota` samples take fewer batches of the
+    first batch's size; None when neither is known."""
+    total = len(loader) if hasattr(loader, "__len__") else None
+    if quota is not None and first_batch:
+        needed = math.ceil(quota / first_batch)
+        total = needed if total is None else min(total, needed)
+    return total
 
 
 def _local_pass(model, layers, loader, quota, mode, progress):
@@ -269,20 +301,24 @@ def _local_pass(model, layers, loader, quota, mode, progress):
     samples = batches_run = 0
     world = dist.get_world_size()
     batches = _iterate(loader, quota)
-    bar = progress_bar(batches, desc="precise BN", enabled=progress and dist.is_main_process())
+    bar = ProgressDisplay(_expected_batches(loader, None, 0), "precise BN", "batches", enabled=progress,
+                          rank=dist.get_rank())
     with contextlib.ExitStack() as stack:
         stack.enter_context(_closing(batches, bar))
         capture = stack.enter_context(_capturing_inputs(layers))
         stack.enter_context(_train_mode(model, layers))
         if mode == "local":
             stack.enter_context(local_statistics(model))
-        for images in (_lockstep(bar, world) if mode == "global" and world > 1 else bar):
+        for images in (_lockstep(batches, world) if mode == "global" and world > 1 else batches):
             capture.pending.clear()
             model(images)
             samples += _batch_len(images)
             batches_run += 1
             for idx, moments in capture.take():
                 stats[idx].add_batch(moments)
+            if batches_run == 1:
+                bar.total = _expected_batches(loader, quota, _batch_len(images))
+            bar.update(1)
     return stats, samples, batches_run
 
 
@@ -352,15 +388,29 @@ def _write(dst, value):
                           device=dst.device)
 
 
-def collect_bn_population_stats(model, loader, num_samples=8192, *, method="pooled", sync_bn="auto",
-                                progress=False):
+def collect_bn_population_stats(model: M.Module, loader: Iterable[Any], num_samples: Optional[int] = 8192, *,
+                                method: str = "pooled", sync_bn: str = "auto",
+                                progress: bool = False) -> Dict[str, Tuple[int, np.ndarray, np.ndarray]]:
     """Per-layer statistics over up to ``num_samples`` samples (across ranks), writing nothing.
 
-    Returns ``{name: (count, mean, var)}`` for every layer :func:`update_bn_stats` would update and
-    that received data: ``count`` the number of values per channel (samples x spatial positions),
-    ``mean`` / ``var`` float64 arrays of shape (C,) as ``method`` defines them (``var`` unbiased).
     Every rank must call it (collectives as in :func:`update_bn_stats`); every rank gets the same
     result. The model's running statistics, weights, flags and momenta are left as they were.
+
+    Args:
+        model: the model.
+        loader: batches, as :func:`update_bn_stats` takes them.
+        num_samples: samples over all ranks; None: the whole loader on every rank.
+        method: ``"pooled"`` or ``"batch_average"``.
+        sync_bn: ``"auto"``, ``"local"`` or ``"global"``, as in :func:`update_bn_stats`.
+        progress: show the pass's batches done of total (rank 0).
+
+    Returns:
+        ``{name: (count, mean, var)}`` for every layer :func:`update_bn_stats` would update and that received
+        data: ``count`` the number of values per channel (samples x spatial positions), ``mean`` / ``var``
+        float64 arrays of shape (C,) as ``method`` defines them (``var`` unbiased).
+
+    Raises:
+        ValueError: an unknown method or sync_bn mode.
     """
     _check_method(method)
     layers, _ = bn_layers_for_precise_bn(model)
@@ -377,7 +427,8 @@ def collect_bn_population_stats(model, loader, num_samples=8192, *, method="pool
     return out
 
 
-def update_bn_stats(model, loader, num_samples=8192, *, method="pooled", sync_bn="auto", progress=True):
+def update_bn_stats(model: M.Module, loader: Iterable[Any], num_samples: Optional[int] = 8192, *,
+                    method: str = "pooled", sync_bn: str = "auto", progress: bool = False) -> Dict[str, Any]:
     """Recompute the running statistics of every BN layer of ``model`` over ``loader``.
 
     Args:
@@ -390,7 +441,8 @@ def update_bn_stats(model, loader, num_samples=8192, *, method="pooled", sync_bn
         method: ``"pooled"`` (population mean / unbiased variance) or ``"batch_average"`` (pycls).
         sync_bn: ``"auto"``, ``"local"`` or ``"global"``: how SyncBN layers normalise during the pass
             (local statistics, or the ranks in lockstep; auto: global when several ranks hold SyncBN).
-        progress: a progress bar (rank 0, on a terminal) and a summary log line (rank 0).
+        progress: show the pass's batches done of total, and a summary log line (rank 0; the CLIs and the
+            trainer's hooks pass True, a library call shows nothing by default).
 
     Every rank must call it (one ``all_gather`` at the end; with ``sync_bn="global"`` also one tiny
     ``all_reduce_sum`` per batch). Returns a summary dict: ``samples`` and ``batches`` used over all

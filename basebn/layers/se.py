@@ -15,6 +15,8 @@ RepVGG        block output           "floor"
 ShuffleNetV2  main-branch output     "floor"
 ============  =====================  ================================
 """
+from typing import Optional
+
 import megengine.module as M
 
 from .activation import build_activation
@@ -29,10 +31,20 @@ SE_WIDTH_RULES = {
     "round": lambda w, r: int(round(w * r)),
     "floor": lambda w, r: int(w * r),
 }
+"""SE width rule name -> ``(width, ratio) -> squeezed width`` (which family uses which: the module doc)."""
 
 
-def se_width(width, ratio, rule):
-    """Squeezed width for `width` channels at `ratio` under `rule` (a key of SE_WIDTH_RULES); 0 if ratio <= 0."""
+def se_width(width: int, ratio: float, rule: str) -> int:
+    """Squeezed width for `width` channels at `ratio` under `rule`; 0 if ratio <= 0.
+
+    Args:
+        width: the channels the ratio applies to.
+        ratio: the squeeze ratio.
+        rule: a key of SE_WIDTH_RULES.
+
+    Raises:
+        ValueError: an unknown rule.
+    """
     if ratio <= 0:
         return 0
     if rule not in SE_WIDTH_RULES:
@@ -42,9 +54,16 @@ def se_width(width, ratio, rule):
 
 class SqueezeExcite(M.Module):
     """SE block on `channels` channels squeezed to `squeeze_channels`; `act` inside, sigmoid gate
-    (hard sigmoid with `hard_gate`, as MobileNetV3)."""
+    (hard sigmoid with `hard_gate`, as MobileNetV3).
 
-    def __init__(self, channels, squeeze_channels, act="relu", hard_gate=False):
+    Args:
+        channels: input and output channels.
+        squeeze_channels: the squeezed width (see se_width).
+        act: the activation between the two 1x1 convs (a build_activation name).
+        hard_gate: a hard sigmoid gate instead of a sigmoid.
+    """
+
+    def __init__(self, channels: int, squeeze_channels: int, act: Optional[str] = "relu", hard_gate: bool = False):
         super().__init__()
         self.avg_pool = GlobalAvgPool2d()
         self.f_ex = M.Sequential(

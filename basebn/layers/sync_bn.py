@@ -8,7 +8,9 @@ communicates. Unsynchronised (local) statistics stay on the device: no host copy
 stays BatchNorm2d's. Design notes: docs/bn_design.md.
 """
 import contextlib
+from typing import Any, Iterator, List, Optional
 
+import megengine.module as M
 from megengine.module.batchnorm import _BatchNorm
 
 from .bn_function import kernel_bn_forward
@@ -32,13 +34,14 @@ class SyncBatchNorm(_BatchNorm):
         group: a :func:`basebn.distributed.new_group` group; ``None`` = all ranks.
         freeze: use the running statistics in training too, with detached weight and bias
             (MegEngine's ``freeze``).
+        **kwargs: to ``megengine.module.Module``.
 
     ``local_only`` (attribute, default False; see :func:`local_statistics`): training batches are
     normalised with this rank's statistics, without any collective.
     """
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.9, affine=True,
-                 track_running_stats=True, group=None, freeze=False, **kwargs):
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.9, affine: bool = True,
+                 track_running_stats: bool = True, group: Any = None, freeze: bool = False, **kwargs: Any):
         super().__init__(num_features, eps=eps, momentum=0.9 if momentum is None else momentum,
                          affine=affine, track_running_stats=track_running_stats, freeze=freeze,
                          **kwargs)
@@ -68,9 +71,16 @@ class SyncBatchNorm(_BatchNorm):
 
 
 @contextlib.contextmanager
-def local_statistics(model):
+def local_statistics(model: M.Module) -> Iterator[List["SyncBatchNorm"]]:
     """Within the block, every :class:`SyncBatchNorm` of ``model`` normalises training batches with
-    its local statistics (no collective), as plain BN does; yields those layers, restores after."""
+    its local statistics (no collective), as plain BN does; restores after.
+
+    Args:
+        model: the model.
+
+    Returns:
+        A context manager yielding those layers.
+    """
     layers = [m for m in model.modules() if isinstance(m, SyncBatchNorm)]
     saved = [(m, m.local_only) for m in layers]
     for m in layers:

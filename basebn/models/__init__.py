@@ -9,6 +9,9 @@ ResNet-only kwargs and ``zero_init_residual``.
 """
 import numbers
 from functools import partial
+from typing import Any, Dict, List, Optional
+
+import megengine.module as M
 
 from . import resnet_family
 from .cifar_resnet import resnet44, resnet110
@@ -88,33 +91,66 @@ MODEL_TABLE = {
     **_rows(build_hrnet, "hrnet", ["hrnet_w18_small_v1", "hrnet_w18_small_v2", "hrnet_w18", "hrnet_w30", "hrnet_w32",
                                    "hrnet_w40", "hrnet_w44", "hrnet_w48", "hrnet_w64"]),
 }
+"""Every model name -> (constructor, family, default input size), in the order list_models gives."""
 
 MODELS = {name: entry[0] for name, entry in MODEL_TABLE.items()}
+"""Every model name -> its constructor (MODEL_TABLE's first column)."""
 
 # families built by basebn's ResNet class: the only ones that take stem, stem_stride and base_width
 RESNET_FAMILIES = ("cifar_resnet", "resnet")
+"""The families built by basebn's ResNet class: the only ones that take stem, stem_stride and base_width."""
 # families whose residual blocks end in a norm (``last_norm()``): the ones that take zero_init_residual
 ZERO_INIT_FAMILIES = ("cifar_resnet", "resnet", "resnet_basecls", "regnetx", "regnety", "mbnetv2", "mbnetv3",
                       "effnet", "effnet_lite", "effnetv2", "hrnet")
+"""The families whose residual blocks end in a norm (``last_norm()``): the ones that take zero_init_residual."""
 
 
-def list_models(family=None):
-    """Names build_model accepts, in table order (only `family`'s with one given)."""
+def list_models(family: Optional[str] = None) -> List[str]:
+    """Names build_model accepts, in table order (only `family`'s with one given).
+
+    Args:
+        family: a family name (MODEL_TABLE's second column, e.g. ``"regnetx"``); None: every family.
+
+    Returns:
+        The model names.
+    """
     return [name for name, entry in MODEL_TABLE.items() if family is None or entry[1] == family]
 
 
-def model_info(name):
-    """``dict(name, family, input_size)``: the family and the default (test) input size of model `name`."""
+def model_info(name: str) -> Dict[str, Any]:
+    """The family and the default (test) input size of model `name`.
+
+    Args:
+        name: a key of MODEL_TABLE.
+
+    Returns:
+        ``dict(name=..., family=..., input_size=...)``.
+
+    Raises:
+        ValueError: `name` is not a model name.
+    """
     _check_name(name)
     _, family, input_size = MODEL_TABLE[name]
     return dict(name=name, family=family, input_size=input_size)
 
 
-def build_model(name, num_classes=1000, in_channels=3, **kwargs):
-    """Build model `name` (a key of MODEL_TABLE); kwargs go to the constructor (norm, bn_momentum, ...).
+def build_model(name: str, num_classes: int = 1000, in_channels: int = 3, **kwargs: Any) -> M.Module:
+    """Build model `name` (a key of MODEL_TABLE).
 
     The model gets ``default_input_size`` (the table's), ``arch_name`` and ``arch_family`` attributes.
-    num_classes and in_channels below 1 are a ValueError (a model without outputs or inputs).
+
+    Args:
+        name: a key of MODEL_TABLE (see list_models).
+        num_classes: outputs of the classifier.
+        in_channels: channels of the input images.
+        **kwargs: to the constructor: ``norm`` ("BN", "SyncBN", "FrozenBN", "GN", ...), ``bn_momentum``,
+            ``bn_eps`` (None: the family's default) and the family's own keyword arguments.
+
+    Returns:
+        The model.
+
+    Raises:
+        ValueError: an unknown name, or num_classes / in_channels not a whole number >= 1.
     """
     _check_name(name)
     _check_count("num_classes", num_classes)

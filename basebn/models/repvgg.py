@@ -90,11 +90,17 @@ class RepVGGBlock(M.Module):
         self.rbr_dense = self.rbr_1x1 = self.rbr_identity = None
 
 
-def reparameterize(model):
-    """Fold every RepVGGBlock of `model` into its single-conv deploy form, in place; returns `model`.
+def reparameterize(model: M.Module) -> M.Module:
+    """Fold every RepVGGBlock of `model` into its single-conv deploy form, in place.
 
     Outputs equal the training form's in eval mode (BN running statistics are folded). The state
     dict changes (``rbr_reparam.weight/bias`` replace the branches): build an optimizer afterwards.
+
+    Args:
+        model: a model holding RepVGGBlocks (others are left as they are).
+
+    Returns:
+        `model`.
     """
     for m in list(model.modules()):
         if isinstance(m, RepVGGBlock):

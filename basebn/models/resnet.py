@@ -6,6 +6,8 @@ A norm followed by a ReLU, and the norm -> residual add -> ReLU that ends a bloc
 (:mod:`basebn.layers.bn_act`: same module names and state dict; fused kernels for BN and SyncBN); GN and BRN
 run the three ops.
 """
+from typing import Optional, Sequence
+
 import megengine.functional as F
 import megengine.module as M
 
@@ -87,13 +89,28 @@ class Bottleneck(M.Module):
 class ResNet(M.Module):
     """ResNet with torchvision key names (conv1, bn1, layer1.0.conv1, fc); "small" or "imagenet" stem.
 
-    bn_momentum / bn_eps None: the family defaults below (MegEngine momentum convention, see norm_factory).
+    Args:
+        block: the residual block class (BasicBlock or Bottleneck).
+        depths: blocks per stage.
+        widths: channels per stage (a Bottleneck's output is 4x its width).
+        num_classes: outputs of the classifier.
+        in_channels: channels of the input images.
+        stem: "small" (one 3x3 conv, for 32 px inputs) or "imagenet" (7x7 stride-2 conv and max-pool).
+        norm: the norm kind ("BN", "SyncBN", "FrozenBN", "GN", "BRN", "SyncBRN").
+        bn_momentum: None: the family default below (MegEngine's convention: PyTorch's 0.1 is 0.9 here).
+        bn_eps: None: the family default below.
+        zero_init_residual: start every block's last norm with weight 0, so each block starts as identity.
+        stem_stride: the stride of the "small" stem's conv.
+
+    Raises:
+        ValueError: an unknown stem.
     """
 
     default_bn_momentum, default_bn_eps = 0.9, 1e-5
 
-    def __init__(self, block, depths, widths, num_classes=10, in_channels=3, stem="small",
-                 norm="BN", bn_momentum=None, bn_eps=None, zero_init_residual=True, stem_stride=1):
+    def __init__(self, block: type, depths: Sequence[int], widths: Sequence[int], num_classes: int = 10,
+                 in_channels: int = 3, stem: str = "small", norm: str = "BN", bn_momentum: Optional[float] = None,
+                 bn_eps: Optional[float] = None, zero_init_residual: bool = True, stem_stride: int = 1):
         super().__init__()
         norm_layer = norm_factory(norm, bn_momentum, bn_eps, self.default_bn_momentum, self.default_bn_eps)
         if stem == "imagenet":

@@ -13,6 +13,9 @@ import argparse
 import json
 import os
 import sys
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
 
 from .. import distributed as dist
 from ..checkpoint import CheckpointError, load_checkpoint, resolve_weights
@@ -29,9 +32,15 @@ from ..utils.cli_args import MAX_SAMPLES, OneLineArgumentParser, bounded_int
 __all__ = ["read_states", "run_config", "bn_report", "build_parser", "main"]
 
 
-def read_states(spec):
-    """(model state, EMA state or None) of a weights spec: a checkpoint / weights file, a run directory
-    (its final, else latest, checkpoint) or zoo:NAME (no EMA)."""
+def read_states(spec: str) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, np.ndarray]]]:
+    """The model state and the EMA state of a weights spec.
+
+    Args:
+        spec: a checkpoint / weights file, a run directory (its final, else latest, checkpoint) or zoo:NAME.
+
+    Returns:
+        (model state, EMA state or None); zoo:NAME has no EMA.
+    """
     if zoo_name(spec) is not None:
         return read_weights(spec)[0], None
     payload = load_checkpoint(resolve_weights(spec))
@@ -39,9 +48,16 @@ def read_states(spec):
     return payload["model"], (ema or {}).get("module") or None
 
 
-def run_config(spec, config):
-    """The config to build the model and the training data with: CONFIG (a file or zoo:NAME), else a zoo
-    entry's own, else a run directory's config.json; None when there is none."""
+def run_config(spec: str, config: Optional[str]) -> Optional[BaseConfig]:
+    """The config to build the model and the training data with.
+
+    Args:
+        spec: the weights spec.
+        config: a config file or zoo:NAME; None: a zoo entry's own, else a run directory's config.json.
+
+    Returns:
+        The config, or None when there is none.
+    """
     if config or zoo_name(spec) is not None:
         return resolve_config(config or spec, [], spec)[0]
     path = os.path.join(spec, "config.json")
@@ -61,8 +77,20 @@ def _population(cfg, spec, num_samples):
     return population_drift(model, loader, num_samples), {name: m.eps for name, m in bn_layers(model)}
 
 
-def bn_report(spec, config=None, data_samples=2048):
-    """The report dict (see basebn.engine.bn_report.build_report) of weights `spec`."""
+def bn_report(spec: str, config: Optional[str] = None, data_samples: int = 2048) -> Dict[str, Any]:
+    """The BN health report of weights `spec`.
+
+    Args:
+        spec: a checkpoint / weights file, a run directory or zoo:NAME.
+        config: the config that builds the training data (see :func:`run_config`).
+        data_samples: training images to compare the running statistics with; 0: none.
+
+    Returns:
+        The report dict (see :func:`basebn.engine.bn_report.build_report`).
+
+    Raises:
+        ConfigError: the weights hold no BN layer.
+    """
     state, ema = read_states(spec)
     if not any(k.endswith(".running_var") for k in state):
         raise ConfigError(f"{spec!r} holds no BN layers (no *.running_mean / *.running_var arrays): nothing to "

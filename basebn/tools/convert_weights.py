@@ -18,8 +18,16 @@ from ..utils.cli_args import MAX_CLASSES, OneLineArgumentParser, bounded_int
 __all__ = ["convert", "build_parser", "main"]
 
 
-def convert(spec, arch, out, num_classes=1000, ema=False):
-    """Load `spec` into model `arch` (num_classes) and write its state to `out` (.npz weights file)."""
+def convert(spec: str, arch: str, out: str, num_classes: int = 1000, ema: bool = False) -> None:
+    """Load `spec` into model `arch` and write its state to `out`.
+
+    Args:
+        spec: a weights spec (see :func:`basebn.models.load_weights`), e.g. ``timm:PATH`` or ``basecls:NAME``.
+        arch: a model name (see :func:`basebn.models.list_models`).
+        num_classes: the model's classes.
+        out: the .npz weights file to write.
+        ema: the checkpoint's EMA weights.
+    """
     model = build_model(arch, num_classes=num_classes)
     load_weights(model, spec, ema=ema)
     save_npz_weights(out, model_state(model), meta={"arch": arch, "num_classes": num_classes, "source": spec})

@@ -12,13 +12,14 @@ theirs. An existing OUT is never overwritten without --force.
 import argparse
 import os
 import sys
+from typing import Any, Dict
 
 from loguru import logger
 
 from .. import distributed as dist
 from ..checkpoint import model_state, save_npz_weights
 from ..cli import cli_main
-from ..config import ConfigError
+from ..config import BaseConfig, ConfigError
 from ..engine.build import build_model_from_cfg, build_precise_bn_data, check_input_size, resolve_config
 from ..engine.logging import setup_logging
 from ..layers import update_bn_stats
@@ -29,8 +30,17 @@ from ..utils.cli_args import MAX_SAMPLES, OneLineArgumentParser, bounded_int
 __all__ = ["recalibrate", "check_output", "build_parser", "main"]
 
 
-def check_output(out, force):
-    """ConfigError (one line) when OUT cannot or must not be written."""
+def check_output(out: str, force: bool) -> None:
+    """Refuse an output path that cannot or must not be written.
+
+    Args:
+        out: the .npz weights file to write.
+        force: overwrite an existing file.
+
+    Raises:
+        ConfigError: (one line) `out` does not end in .npz, is a folder, exists without `force`, or its folder
+            does not exist.
+    """
     if not out.endswith(".npz"):
         raise ConfigError(f"-o {out!r}: the output is an .npz weights file; give a name ending in .npz")
     if os.path.isdir(out):
@@ -42,10 +52,25 @@ def check_output(out, force):
         raise ConfigError(f"-o {out!r}: folder {parent!r} does not exist")
 
 
-def recalibrate(cfg, weights, out, method="pooled", num_samples=8192, ema=False):
+def recalibrate(cfg: BaseConfig, weights: str, out: str, method: str = "pooled", num_samples: int = 8192,
+                ema: bool = False) -> Dict[str, Any]:
     """Load `weights` into cfg's model, re-estimate its BN statistics on cfg's training data (precise BN's
     pass, batches of bn.precise_batch_size as in training) and write the model state to `out` (rank 0).
-    Returns precise BN's summary."""
+
+    Args:
+        cfg: the config that builds the model and the training data.
+        weights: a weights spec (see :func:`basebn.models.load_weights`).
+        out: the .npz weights file to write.
+        method: ``"pooled"`` or ``"batch_average"``.
+        num_samples: training images to use over all ranks.
+        ema: start from the checkpoint's EMA weights.
+
+    Returns:
+        update_bn_stats's summary.
+
+    Raises:
+        ConfigError: the pass saw no BN statistics to re-estimate.
+    """
     dist.init("auto")
     ds, loader = build_precise_bn_data(cfg)
     model = build_model_from_cfg(cfg, in_channels=ds.image_shape[0])

@@ -11,6 +11,7 @@ import difflib
 import hashlib
 import json
 import sys
+from typing import Any, Dict
 
 import numpy as np
 
@@ -28,27 +29,48 @@ __all__ = ["conv_macs", "linear_macs", "count_params", "state_dict_sha256", "sum
            "build_parser", "main"]
 
 
-def conv_macs(conv, output):
-    """MACs of Conv2d `conv` producing `output` (N, C, H, W), per image."""
+def conv_macs(conv: M.Module, output: mge.Tensor) -> int:
+    """MACs of Conv2d `conv` producing `output` (N, C, H, W), per image.
+
+    Args:
+        conv: the conv.
+        output: its output.
+    """
     _, cout, h, w = output.shape
     cin_per_group, kh, kw = conv.weight.shape[-3:]
     return int(h * w * cout * cin_per_group * kh * kw)
 
 
-def linear_macs(linear, output):
-    """MACs of Linear `linear` producing `output` (N, ..., out), per image."""
+def linear_macs(linear: M.Module, output: mge.Tensor) -> int:
+    """MACs of Linear `linear` producing `output` (N, ..., out), per image.
+
+    Args:
+        linear: the Linear layer.
+        output: its output.
+    """
     rows = int(np.prod(output.shape[1:-1])) if output.ndim > 2 else 1
     return int(rows * linear.in_features * linear.out_features)
 
 
-def count_params(model):
-    """Number of parameters (not buffers) of `model`."""
+def count_params(model: M.Module) -> int:
+    """Number of parameters (not buffers) of `model`.
+
+    Args:
+        model: the model.
+    """
     return int(sum(p.size for p in model.parameters()))
 
 
-def state_dict_sha256(model):
+def state_dict_sha256(model: M.Module) -> str:
     """sha256 of the JSON list of sorted [key, shape] pairs of `model`'s state dict: equal for two models
-    whose checkpoints load into each other key for key."""
+    whose checkpoints load into each other key for key.
+
+    Args:
+        model: the model.
+
+    Returns:
+        The hex digest.
+    """
     items = sorted([k, [int(d) for d in v.shape]] for k, v in model.state_dict().items())
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
@@ -57,10 +79,18 @@ def _shape(out):
     return tuple(out.shape) if isinstance(out, mge.Tensor) else None
 
 
-def summarize(model, input_size, in_channels=3):
-    """``dict(params, macs, input, stages, layers, state_dict_sha256)`` for one `in_channels` x
-    `input_size` x `input_size` image: stages = [(child name, output shape)], layers = [(name, "conv" or
-    "linear", MACs)]. `model`'s train/eval flags are restored."""
+def summarize(model: M.Module, input_size: int, in_channels: int = 3) -> Dict[str, Any]:
+    """Parameters, MACs and output shapes of `model` for one image. `model`'s train/eval flags are restored.
+
+    Args:
+        model: the model.
+        input_size: the image's height and width.
+        in_channels: the image's channels.
+
+    Returns:
+        ``dict(params, macs, input, stages, layers, state_dict_sha256)``: stages = [(child name, output
+        shape)], layers = [(name, "conv" or "linear", MACs)].
+    """
     names = {id(m): n for n, m in model.named_modules()}
     layers, stages, handles = [], [], []
 

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import sys
+from typing import Any, Dict, Tuple
 
 from ..checkpoint import model_state, save_npz_weights
 from ..cli import cli_main
@@ -51,8 +52,20 @@ def render_readme(entries):
     return "\n".join(lines) + "\n"
 
 
-def export(run_dir, name, ema=False, precise_bn=0, method="pooled"):
-    """Evaluate the run's weights (after precise BN with precise_bn > 0) and write ZOO/NAME.npz."""
+def export(run_dir: str, name: str, ema: bool = False, precise_bn: int = 0,
+           method: str = "pooled") -> Tuple[Dict[str, Any], str]:
+    """Evaluate the run's weights (after precise BN with precise_bn > 0) and write ZOO/NAME.npz.
+
+    Args:
+        run_dir: the training run's directory.
+        name: the zoo entry's name.
+        ema: export the EMA weights.
+        precise_bn: training images for a precise BN pass before evaluating; 0: none.
+        method: the precise BN method, ``"pooled"`` or ``"batch_average"``.
+
+    Returns:
+        (the evaluation metrics, the path of the written weights).
+    """
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = BaseConfig(json.load(f))
     ds, loader = build_data(cfg, train=False)
@@ -61,8 +74,8 @@ def export(run_dir, name, ema=False, precise_bn=0, method="pooled"):
     if precise_bn:
         _, train_loader = build_data(cfg.clone().merge({"seed": cfg.seed + 1}), train=True)
         train_loader.set_epoch(0)
-        update_bn_stats(model, train_loader, precise_bn, method=method)
-    metrics = evaluate(model, loader)
+        update_bn_stats(model, train_loader, precise_bn, method=method, progress=True)
+    metrics = evaluate(model, loader, progress=True)
     path = os.path.join(zoo_dir(), f"{name}.npz")
     save_npz_weights(path, model_state(model), meta={"name": name, **metrics})
     return metrics, path

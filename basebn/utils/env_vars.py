@@ -17,6 +17,7 @@ __all__ = ["EnvVar", "EnvVarError", "ENV_VARS", "BN_BACKENDS", "CONV_BACKENDS", 
 
 BN_BACKENDS = ("kernel", "fallback", "auto")  # $BASEBN_BN_BACKEND (basebn/ops/bn_ops/backend.py)
 CONV_BACKENDS = ("dnnl", "megengine", "auto")  # $BASEBN_CONV_BACKEND (basebn/ops/conv_ops.py)
+"""The values of $BASEBN_CONV_BACKEND: oneDNN ops, MegEngine's conv, or auto."""
 
 
 class EnvVarError(ValueError):

@@ -1,6 +1,6 @@
 """Build basebn's standalone CUDA BN kernels with nvcc and call them from Python (ctypes; PyTorch tensors).
 
-No MegEngine and no basebn import: the sources are basebn/kernels/bn_cuda_launch.cu (+ bn_cuda_kernels.cuh,
+No MegEngine and no basebn import: the sources are basebn/ops/csrc/bn_cuda_launch.cu (+ bn_cuda_kernels.cuh,
 bn_cuda_launch.h, bn_math.h), whose C API takes raw device pointers, shapes, strides and a cudaStream_t.
 :func:`build_library` compiles them into a shared library (cudart linked statically, nvcc's default);
 :class:`CudaBnKernels` wraps its four functions for torch CUDA tensors, launching on torch's current stream.
@@ -13,7 +13,7 @@ import subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-KERNEL_DIR = os.path.join(ROOT, "basebn", "kernels")
+KERNEL_DIR = os.path.join(ROOT, "basebn", "ops", "csrc")
 SOURCES = ("bn_cuda_launch.cu", "bn_cuda_launch.h", "bn_cuda_kernels.cuh", "bn_math.h")
 COMPILE_ONLY_ARCHS = ("75", "80", "90")  # without a GPU: what the trainer's build targets (sm_70 is gone in CUDA 13)
 FLOAT32, FLOAT16 = 0, 1  # BASEBN_BN_FLOAT32 / BASEBN_BN_FLOAT16

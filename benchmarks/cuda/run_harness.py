@@ -1,7 +1,7 @@
 """python benchmarks/cuda/run_harness.py [--quick] [--no-timing] [--arch 90] [--build-dir DIR] [--json PATH]
 
 basebn's CUDA BN kernels on a GPU without MegEngine, against PyTorch (details: benchmarks/cuda/README.md):
-1. compile: nvcc builds basebn/kernels/bn_cuda_launch.cu (no MegEngine header) into a shared library, for the
+1. compile: nvcc builds basebn/ops/csrc/bn_cuda_launch.cu (no MegEngine header) into a shared library, for the
    GPU's architecture; without a GPU or PyTorch, for sm_75/80/90 only: a compile-only check, then it stops.
 2. correctness against torch.nn.functional.batch_norm in float64 (autograd for the backward): batch mean and
    variance, y, running mean/var (MegEngine's momentum, unbiased variance), dx, dweight, dbias; 2D-5D, N=1,

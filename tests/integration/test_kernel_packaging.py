@@ -11,16 +11,16 @@ import sys
 
 import pytest
 
-from basebn.layers import kernel_build, kernel_library
+from basebn.ops import kernel_build, kernel_library
 from tests.support import ROOT
 
-_NOT_SOURCES = (".git", ".venv", "runs", "build", "*.egg-info", "__pycache__", "*.pyc", ".pytest_cache", ".cache",
-                ".whl")
+_NOT_SOURCES = (".git", ".venv*", "site", "runs", "build", "*.egg-info", "__pycache__", "*.pyc", ".pytest_cache",
+                ".cache", ".whl")
 
 PROBE = """
 import json, os
 import basebn
-from basebn.layers import bn_ops, kernel_build, kernel_library
+from basebn.ops import bn_ops, kernel_build, kernel_library
 src = kernel_build.kernel_source_dir()
 spec = kernel_build.kernel_build_spec(False)
 print(json.dumps({"package": os.path.dirname(basebn.__file__), "sources": src,
@@ -47,8 +47,10 @@ def test_installed_package_finds_its_kernels(tmp_path):
     info = json.loads(res.stdout.strip().splitlines()[-1])
 
     assert info["package"] == str(site / "basebn")
-    assert info["sources"] == str(site / "basebn" / "kernels")
-    assert {"bn_ops.cpp", "bn_cpu.cpp", "bn_cuda.cu", "bn_kernels.h", "bn_math.h", "strided_copy.h", "queued_work.h", "conv_dnnl.cpp"} <= set(info["files"])
+    assert info["sources"] == str(site / "basebn" / "ops" / "csrc")
+    assert {"bn_ops.cpp", "bn_cpu.cpp", "bn_cuda.cu", "bn_kernels.h", "bn_math.h", "strided_copy.h", "queued_work.h",
+            "conv_dnnl.cpp"} <= set(info["files"])
+    assert info["files"] == sorted(os.listdir(os.path.join(ROOT, "basebn", "ops", "csrc")))  # every source installed
     # same sources and flags: same cache key as the source tree's, so the cached build is reused
     assert info["build_dir"] == kernel_build.kernel_build_spec(False).build_dir
     if kernel_library.kernel_available():

@@ -1,6 +1,6 @@
 """The self-check's failure path on CPU: a kernel library built from sources with a planted wrong constant.
 
-The copy of basebn/kernels multiplies every normalised value by 1.01 (bn_math.h, bn_normalize_elem); it
+The copy of basebn/ops/csrc multiplies every normalised value by 1.01 (bn_math.h, bn_normalize_elem); it
 is built BN-only (no oneDNN: seconds) with $BASEBN_KERNEL_DIR and a fresh $BASEBN_KERNEL_CACHE, in
 subprocesses (MegEngine loads one custom-op library per process). The self-check must fail naming
 bn_normalize, the fused BN-activation forwards built on the same per-element function, and the fused backwards
@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from basebn.layers import kernel_build
+from basebn.ops import kernel_build
 from tests.support import ROOT
 from tests.support.cli import PY, metrics, run
 from tests.support.mpi_launch import find_mpiexec

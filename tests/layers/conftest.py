@@ -1,7 +1,7 @@
 """Fixtures of the layer tests."""
 import pytest
 
-from basebn.layers import bn_ops, kernel_library
+from basebn.ops import bn_ops, kernel_library
 
 
 @pytest.fixture(params=["kernel", "fallback"])

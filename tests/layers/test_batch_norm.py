@@ -13,7 +13,7 @@ from megengine.autodiff import GradManager
 from megengine.jit import trace
 
 from basebn.engine.optimizer import param_groups
-from basebn.layers import bn_ops, kernel_library
+from basebn.ops import bn_ops, kernel_library
 from basebn.layers.batch_norm import BatchNorm2d
 from basebn.layers.norm import build_norm, has_running_stats, is_bn, is_bn2d, is_sync_bn, uses_running_stats
 

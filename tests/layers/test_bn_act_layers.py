@@ -28,7 +28,7 @@ from basebn.layers import (
     revert_sync_batchnorm,
     with_act,
 )
-from basebn.layers import bn_ops
+from basebn.ops import bn_ops
 from basebn.layers.bn_act import NormActTail
 from tests.support.bn_act_ref import act_grad_ref, act_ref, min_kink_distance
 from tests.support.mpi_launch import run_mpi

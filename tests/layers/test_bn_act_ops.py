@@ -14,7 +14,7 @@ import megengine as mge
 import megengine.functional as F
 from megengine.autodiff import GradManager
 
-from basebn.layers import bn_ops, kernel_library
+from basebn.ops import bn_ops, kernel_library
 from tests.support.bn_act_ref import act_ref, close as _close, draw_case as _case, ref_backward, ref_pre
 from tests.support.bn_ops import forced_strided_kernels
 

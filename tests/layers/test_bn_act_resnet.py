@@ -17,11 +17,11 @@ from basebn.layers import (
     enable_efficient_conv_bn_eval,
     find_conv_bn_pairs,
     fuse_conv_bn,
-    kernel_library,
 )
 from basebn.layers.bn_act import has_act
 from basebn.layers.norm import is_bn2d
 from basebn.models import build_model
+from basebn.ops import kernel_library
 from tests.support.train_step import train_step
 
 

@@ -1,4 +1,4 @@
-"""basebn.layers.bn_ops against a float64 numpy reference written from the math.
+"""basebn.ops.bn_ops against a float64 numpy reference written from the math.
 
 Every numerical test runs on both paths: the compiled kernels ("kernel", skipped with the build
 error as reason when they cannot be built) and the pure-MegEngine fallback.
@@ -13,7 +13,7 @@ import megengine as mge
 import megengine.functional as F
 
 import basebn
-from basebn.layers import bn_ops, kernel_build, kernel_library
+from basebn.ops import bn_ops, kernel_build, kernel_library
 from tests.support.bn_ops import failed_kernel_build, forced_strided_kernels
 
 
@@ -350,7 +350,7 @@ def test_kernel_cache_is_keyed_by_source_hash():
     assert path.startswith(spec.build_dir)
     # the sources live inside the installed package, and the key changes with them
     assert all(p.startswith(kernel_build.kernel_source_dir()) for p in spec.sources + spec.headers)
-    assert os.path.dirname(kernel_build.kernel_source_dir()) == os.path.dirname(os.path.abspath(basebn.__file__))
+    assert kernel_build.kernel_source_dir() == os.path.join(os.path.dirname(os.path.abspath(basebn.__file__)), "ops", "csrc")
 
 
 CPUINFO = "processor\t: {n}\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse sse2 avx {extra}fma\n\n"

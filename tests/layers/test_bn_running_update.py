@@ -6,10 +6,10 @@ import pytest
 
 import megengine as mge
 
-from basebn.layers import bn_ops
+from basebn.ops import bn_ops
 from basebn.layers.batch_norm import BatchNorm2d
 from basebn.layers.bn_guard import apply_running_update, take_nonfinite_counts
-from basebn.layers.kernel_library import kernel_available
+from basebn.ops.kernel_library import kernel_available
 
 BACKENDS = ["fallback", pytest.param("kernel", marks=pytest.mark.skipif(not kernel_available(),
                                                                           reason="BN kernels not built"))]

@@ -9,7 +9,7 @@ import pytest
 
 import megengine as mge
 
-from basebn.layers import bn_ops, kernel_library
+from basebn.ops import bn_ops, kernel_library
 from tests.support.bn_act_ref import act_ref, close, draw_case, ref_backward, ref_pre
 from tests.support.bn_ops import forced_strided_kernels
 

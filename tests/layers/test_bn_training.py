@@ -10,9 +10,9 @@ import megengine as mge
 import megengine.module as M
 from megengine.autodiff import GradManager
 
-from basebn.layers import (BatchNorm2d, BatchRenorm2d, SyncBatchNorm, SyncBatchRenorm, accumulate_bn_stats, bn_ops,
-                           build_norm, kernel_library, renorm_limits_at, set_norm_batch_size, set_renorm_limits,
-                           take_nonfinite_counts)
+from basebn.layers import (BatchNorm2d, BatchRenorm2d, SyncBatchNorm, SyncBatchRenorm, accumulate_bn_stats, build_norm,
+                           renorm_limits_at, set_norm_batch_size, set_renorm_limits, take_nonfinite_counts)
+from basebn.ops import bn_ops, kernel_library
 
 EPS = 1e-5
 MOM = 0.9

@@ -21,8 +21,8 @@ import megengine.optimizer as optim
 from megengine.autodiff import GradManager
 
 from basebn.layers import conv as conv_module
-from basebn.layers import conv_ops
-from basebn.layers import kernel_build, kernel_library
+from basebn.ops import conv_ops
+from basebn.ops import kernel_build, kernel_library
 from basebn.layers.conv import Conv2d, conv2d, fast_cpu_weight_grad
 from basebn.models import build_model
 from tests.support import ROOT
@@ -329,7 +329,7 @@ def test_fallback_without_onednn_warns_once(monkeypatch, op_calls):
 
 PROBE = """
 import numpy as np, megengine as mge
-from basebn.layers import bn_ops, kernel_library
+from basebn.ops import bn_ops, kernel_library
 from basebn.layers.conv import conv2d
 y = conv2d(mge.tensor(np.ones((1, 2, 4, 4), np.float32)), mge.tensor(np.ones((3, 2, 3, 3), np.float32)), padding=1)
 print("RESULT", bn_ops.backend(), kernel_library.conv_kernel_available(), float(y.numpy()[0, 0, 1, 1]),
@@ -611,7 +611,7 @@ def depthwise_harness(request, tmp_path_factory):
     exe = tmp_path_factory.mktemp("harness") / request.param
     flags = ["-DBASEBN_DEPTHWISE_PORTABLE"] if request.param == "portable" else []
     subprocess.run(["g++", "-O2", "-std=c++14", "-Wall", "-Werror", "-fopenmp", *flags,
-                    "-I", os.path.join(ROOT, "basebn", "kernels"),
+                    "-I", os.path.join(ROOT, "basebn", "ops", "csrc"),
                     os.path.join(ROOT, "tests", "support", "depthwise_harness.cpp"), "-o", str(exe)], check=True)
     return exe
 

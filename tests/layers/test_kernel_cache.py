@@ -15,12 +15,12 @@ import sys
 
 import pytest
 
-from basebn.layers import kernel_build, kernel_library
+from basebn.ops import kernel_build, kernel_library
 from tests.support import ROOT
 
 PROBE = """
 import numpy as np, megengine as mge
-from basebn.layers import bn_ops, kernel_library
+from basebn.ops import bn_ops, kernel_library
 from basebn.layers.conv import conv2d
 y = conv2d(mge.tensor(np.ones((1, 2, 4, 4), np.float32)), mge.tensor(np.ones((3, 2, 3, 3), np.float32)), padding=1)
 print("RESULT", bn_ops.backend(), kernel_library.conv_kernel_available(), float(y.numpy()[0, 0, 1, 1]))

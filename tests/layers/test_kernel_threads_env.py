@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from basebn.layers import kernel_library
+from basebn.ops import kernel_library
 from tests.support import ROOT
 
 PROBE = """
 import os, numpy as np, megengine as mge
-from basebn.layers import bn_ops, matmul_ops
+from basebn.ops import bn_ops, matmul_ops
 from basebn.layers.conv import conv2d
 from basebn.layers.max_pool import max_pool2d
 rng = np.random.default_rng(0)

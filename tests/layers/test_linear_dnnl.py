@@ -17,10 +17,11 @@ from megengine import jit
 from megengine.autodiff import GradManager
 
 from basebn.deploy.graph import forbidden_ops, load_network
-from basebn.layers import Linear, kernel_library
+from basebn.layers import Linear
+from basebn.ops import kernel_library
 from basebn.layers import linear as linear_module
 from basebn.layers.conv import fast_cpu_weight_grad
-from basebn.layers.matmul_ops import matmul
+from basebn.ops.matmul_ops import matmul
 from basebn.models import build_model
 from tests.support.numerics import rel_err
 

@@ -19,7 +19,8 @@ from megengine import jit
 from megengine.autodiff import GradManager
 
 from basebn.deploy.graph import forbidden_ops, load_network
-from basebn.layers import MaxPool2d, kernel_library, pool_ops
+from basebn.layers import MaxPool2d
+from basebn.ops import kernel_library, pool_ops
 from basebn.layers import max_pool as max_pool_module
 from basebn.layers.conv import fast_cpu_weight_grad
 from basebn.models import build_model

@@ -1,4 +1,4 @@
-"""basebn/kernels/strided_rows.h (the kernels' gather of a non-contiguous input) against numpy's own strided views
+"""basebn/ops/csrc/strided_rows.h (the kernels' gather of a non-contiguous input) against numpy's own strided views
 (np.lib.stride_tricks.as_strided copied out): transposes, broadcasts (stride 0), size-1 and merged dimensions, a
 5-D permutation and two views of ~100 K values. MegEngine 1.13 hands the ops contiguous tensors in the test suite, so
 the gather is driven directly, through tests/support/gather_harness.cpp."""
@@ -34,7 +34,7 @@ def harness(tmp_path_factory):
     exe = tmp_path_factory.mktemp("gather") / "gather_harness"
     source = os.path.join(ROOT, "tests", "support", "gather_harness.cpp")
     subprocess.run(["g++", "-O2", "-std=c++14", "-Wall", "-Werror", "-I",
-                    os.path.join(ROOT, "basebn", "kernels"), source, "-o", str(exe)], check=True)
+                    os.path.join(ROOT, "basebn", "ops", "csrc"), source, "-o", str(exe)], check=True)
     return exe
 
 

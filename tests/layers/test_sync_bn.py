@@ -14,7 +14,7 @@ import megengine.module as M
 from megengine.autodiff import GradManager
 
 import basebn.distributed as dist
-from basebn.layers import bn_ops, kernel_library
+from basebn.ops import bn_ops, kernel_library
 from basebn.layers.batch_norm import BatchNorm2d
 from basebn.layers.convert import convert_sync_batchnorm, revert_sync_batchnorm
 from basebn.layers.sync_bn import SyncBatchNorm

@@ -1,7 +1,7 @@
 """A basecls name gives basecls's model, BN settings included (issue Q part 4).
 
 The reference is basecls's own code: tests/fixtures/basecls_bn_defaults.json, written by
-benchmarks/basecls_bn_defaults.py (basecls's model functions built with their defaults, the distinct
+experiments/parity/basecls_bn_defaults.py (basecls's model functions built with their defaults, the distinct
 (eps, momentum) of their BatchNorm modules recorded). The EfficientNets and MobileNetV3 used to default
 to the papers' 0.99 / 1e-3 here, so basecls's and timm's weights gave other logits unless bn.eps was passed;
 the logits checks replay the weights-parity fixtures (tests/fixtures/weights, basecls's / timm's own logits)
@@ -18,7 +18,7 @@ from loguru import logger
 from basebn.layers.norm import is_bn
 from basebn.models import MODEL_TABLE, build_model, list_models, load_weights
 from basebn.models.weights import FOREIGN_BN_EPS
-from benchmarks.weights_parity import basebn_input, random_state, write_weights
+from experiments.parity.weights_parity import basebn_input, random_state, write_weights
 from tests.models.test_model_bn_features import REPRESENTATIVES
 from tests.support import ROOT
 

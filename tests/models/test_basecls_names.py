@@ -1,7 +1,7 @@
 """basecls:NAME end to end against a local HTTP server (issue Q part 2): the mirror variable, the cache, the
 sha256 record and the refusal of a changed file, the offline error, the table against basecls's source.
 
-The served file was written by basecls's own code (benchmarks/basecls_published_fixture.py: basecls's
+The served file was written by basecls's own code (scripts/basecls_published_fixture.py: basecls's
 mbnetv1_x025 with a 10-class head, dumped by ``mge.save`` as its training does, made a zoo file by its
 ``basecls.zoo.utils.purify_weight``), and the reference logits are basecls's model's on the BGR image whose
 RGB version basebn gets. The server is ``http.server`` on 127.0.0.1 in a thread; nothing leaves the machine.

@@ -14,7 +14,8 @@ import pytest
 import megengine as mge
 
 import basebn.layers.bn_act as bn_act_module
-from basebn.layers import bn_ops, fuse_conv_bn
+from basebn.layers import fuse_conv_bn
+from basebn.ops import bn_ops
 from basebn.layers.bn_act import FrozenBatchNormAct2d, SyncBatchNormAct2d, has_act
 from basebn.layers.norm import is_bn
 from basebn.models import build_model, reparameterize

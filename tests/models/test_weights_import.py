@@ -1,6 +1,6 @@
 """Weights from basecls (`basecls:` mge.save pickles) and timm (`timm:` .safetensors) give the originals' logits.
 
-Each fixture (tests/fixtures/weights/<library>_<name>.json, written by benchmarks/weights_parity.py) holds
+Each fixture (tests/fixtures/weights/<library>_<name>.json, written by experiments/parity/weights_parity.py) holds
 the reference model's state-dict keys and shapes, the seeds, and the logits basecls's / timm's own code
 computed from those weights. The test redraws the same weights with numpy, writes them as the library
 does (MegEngine's own mge.save; safetensors.numpy), loads them through basebn and compares the logits.
@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 from basebn.checkpoint import CheckpointError
 from basebn.models import build_model, load_weights, read_weights
 from basebn.models.convert.layout import reshapeable
-from benchmarks.weights_parity import basebn_logits, random_state, write_weights
+from experiments.parity.weights_parity import basebn_logits, random_state, write_weights
 
 FIXTURES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "fixtures", "weights", "*.json")))
 SLOW_PARAMS = 20_000_000  # cases with more parameters than this are marked slow (drawing + writing them)

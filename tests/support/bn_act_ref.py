@@ -1,4 +1,4 @@
-"""Float64 numpy transcriptions of the fused BN activations (basebn.layers.bn_ops.ACTIVATIONS) and their
+"""Float64 numpy transcriptions of the fused BN activations (basebn.ops.bn_ops.ACTIVATIONS) and their
 derivatives, for the fused BN-activation tests. The derivatives hold away from the kinks (ReLU: 0; ReLU6: 0, 6;
 HSwish: -3, 3), where tests keep their data (``KINKS``)."""
 import numpy as np

@@ -1,12 +1,12 @@
-"""Test-only controls of the BN kernels (basebn.layers.bn_ops, basebn.layers.kernel_library): the two knobs
+"""Test-only controls of the BN kernels (basebn.ops.bn_ops, basebn.ops.kernel_library): the two knobs
 tests need that users never do.
 
 This module is the one place that touches their private state.
 """
 import contextlib
 
-from basebn.layers import kernel_library
-from basebn.layers.bn_ops import kernel
+from basebn.ops import kernel_library
+from basebn.ops.bn_ops import kernel
 
 
 @contextlib.contextmanager

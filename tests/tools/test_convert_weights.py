@@ -9,7 +9,7 @@ from safetensors.numpy import save_file
 
 from basebn.models import build_model, load_weights
 from basebn.tools.convert_weights import main
-from benchmarks.weights_parity import random_state
+from experiments.parity.weights_parity import random_state
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "weights", "timm_resnet18.json")
 

@@ -3,7 +3,8 @@
 The GPU part runs only on a GPU machine (python benchmarks/cuda/run_harness.py); here: the SyncBN merge the
 harness mirrors equals basebn's own (bn_function's packing, moments' merge) and the whole batch's numpy
 statistics; without PyTorch the harness compiles only and exits 0 with the reason; the library it builds
-exports the C API, and a call with bad arguments returns cudaErrorInvalidValue without touching a GPU.
+exports the C API, and a call with bad arguments returns cudaErrorInvalidValue without touching a GPU. The library
+is built once per run (``harness_build_dir``) and the harness run finds it in its build folder.
 """
 import ctypes
 import importlib.util
@@ -20,6 +21,7 @@ import megengine as mge
 from basebn.layers import bn_function
 from basebn.layers.moments import merge_all
 from tests.support import ROOT
+from tests.support.shared_build import build_once
 
 HARNESS_DIR = os.path.join(ROOT, "benchmarks", "cuda")
 
@@ -34,6 +36,18 @@ def _load(name):
 shard_merge = _load("shard_merge")
 bn_cuda_lib = _load("bn_cuda_lib")
 NVCC = bn_cuda_lib.find_nvcc()
+ARCHS = ["80"]  # one architecture keeps the build short
+
+
+@pytest.fixture(scope="session")
+def harness_build_dir(tmp_path_factory):
+    """The harness's build folder, holding its library for ARCHS, built once for this run by its own
+    build_library (run_harness.py --build-dir reuses it: the name is keyed by the sources and flags); None without
+    nvcc."""
+    if NVCC is None:
+        return None
+    return build_once(tmp_path_factory, "cuda_harness",
+                      lambda folder: (bn_cuda_lib.build_library(NVCC, ARCHS, folder), folder))
 
 
 def test_packed_rows_are_bn_functions():
@@ -76,12 +90,13 @@ def test_all_reduce_sum_is_the_float32_sum():
     np.testing.assert_array_equal(out, [1.5, 1.0])
 
 
-def test_harness_without_torch_or_gpu_compiles_only_and_exits_0(tmp_path):
+def test_harness_without_torch_or_gpu_compiles_only_and_exits_0(tmp_path, harness_build_dir):
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("PyTorch is installed here: the skip path is not what runs")
     out = tmp_path / "result.json"
-    r = subprocess.run([sys.executable, os.path.join(HARNESS_DIR, "run_harness.py"), "--arch", "80",
-                        "--build-dir", str(tmp_path / "build"), "--json", str(out)],
+    build_dir = harness_build_dir[1] if harness_build_dir else str(tmp_path / "build")
+    r = subprocess.run([sys.executable, os.path.join(HARNESS_DIR, "run_harness.py"), *(f"--arch={a}" for a in ARCHS),
+                        "--build-dir", build_dir, "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "skip:" in r.stdout
@@ -90,12 +105,13 @@ def test_harness_without_torch_or_gpu_compiles_only_and_exits_0(tmp_path):
         assert "nvcc not found" in result["skipped"] and result["compile"] is None
     else:
         assert result["compile"]["ok"] and os.path.exists(result["compile"]["library"])
+        assert result["compile"]["library"] == harness_build_dir[0]  # the flags and sources of the build checked
         assert "PyTorch is not installed" in result["skipped"] and result["checks"] == []
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found: the standalone library cannot be built")
-def test_c_api_rejects_bad_arguments_without_a_gpu(tmp_path):
-    so = bn_cuda_lib.build_library(NVCC, ["80"], str(tmp_path))
+def test_c_api_rejects_bad_arguments_without_a_gpu(harness_build_dir):
+    so = harness_build_dir[0]
     lib = bn_cuda_lib.declare_api(ctypes.CDLL(so))
     invalid = 1  # cudaErrorInvalidValue
     bad_ndim = bn_cuda_lib.bn_tensor(0x1000, bn_cuda_lib.FLOAT32, (7,), (1,))

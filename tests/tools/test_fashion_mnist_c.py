@@ -1,4 +1,4 @@
-"""benchmarks/fashion_mnist_c.py writes folders that basebn's Fashion-MNIST loader reads back exactly.
+"""experiments/fashion_mnist_c.py writes folders that basebn's Fashion-MNIST loader reads back exactly.
 
 The corruptions themselves come from the imagecorruptions package (benchmark venv only); here the script's IDX writer
 and folder layout are checked against basebn's own IDX reader/writer and dataset class (peer implementations).
@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from basebn.data.idx import FashionMNIST, read_idx, write_idx
-from benchmarks import fashion_mnist_c as fmc
+from experiments import fashion_mnist_c as fmc
 
 
 def _fake_source(root, rng):

@@ -10,7 +10,8 @@ import sys
 import pytest
 from loguru import logger
 
-from basebn.layers import bn_ops, kernel_autocheck, kernel_library, kernel_selfcheck
+from basebn.ops import bn_ops, kernel_autocheck, kernel_library, kernel_selfcheck
+from basebn.tools import selfcheck
 from tests.support import ROOT
 
 pytestmark = pytest.mark.skipif(not kernel_library.kernel_available(),
@@ -44,7 +45,7 @@ def test_table_has_one_row_per_op():
     ops = [ln.split()[0] for ln in r.stdout.splitlines()[2:]]
     assert ops == list(kernel_selfcheck.BN_OPS + kernel_selfcheck.BN_ACT_OPS + kernel_selfcheck.RUNNING_OPS
                        + kernel_selfcheck.CONV_OPS + kernel_selfcheck.POOL_OPS + kernel_selfcheck.MATMUL_OPS
-                       + ("sync_bn",))
+                       + selfcheck.SYNC_BN_OPS)
 
 
 def test_unbuildable_library_is_a_one_line_error(tmp_path):
@@ -114,9 +115,9 @@ def test_selfcheck_off_checks_nothing(fresh, monkeypatch):
 
 def test_sync_shards_are_uneven_or_leave_a_rank_empty():
     for world in (2, 3, 5):
-        uneven = kernel_selfcheck._shards(4 * world + 1, world, empty_rank=False)
+        uneven = selfcheck._shards(4 * world + 1, world, empty_rank=False)
         assert sum(uneven) == 4 * world + 1 and min(uneven) >= 1 and len(set(uneven)) > 1
-        empty = kernel_selfcheck._shards(4 * world, world, empty_rank=True)
+        empty = selfcheck._shards(4 * world, world, empty_rank=True)
         assert sum(empty) == 4 * world and empty[-1] == 0 and min(empty[:-1]) >= 1
 
 

@@ -101,7 +101,7 @@ def test_accepted_values_pass(tmp_path):
 
 
 def test_the_kernels_thread_bound_is_max_threads():
-    with open(os.path.join(PACKAGE, "kernels", "thread_env.h")) as f:
+    with open(os.path.join(PACKAGE, "ops", "csrc", "thread_env.h")) as f:
         bound = re.search(r"kMaxEnvThreads = (\d+);", f.read()).group(1)
     assert int(bound) == MAX_THREADS
 

@@ -1,0 +1,69 @@
+"""The ops' old import paths under basebn.layers: each still imports, warns once with DeprecationWarning naming the
+new path, and is the new module itself (so monkeypatching the old name patches what the code runs)."""
+import importlib
+import os
+import sys
+
+import pytest
+
+from tests.support import ROOT
+
+OLD_TO_NEW = {f"basebn.layers.{name}": f"basebn.ops.{name}" for name in (
+    "bn_ops", "conv_ops", "pool_ops", "matmul_ops", "kernel_build", "kernel_library", "kernel_selfcheck",
+    "kernel_autocheck")}
+OLD_TO_NEW.update({f"basebn.layers.bn_ops.{name}": f"basebn.ops.bn_ops.{name}"
+                   for name in ("backend", "fallback", "kernel", "ops")})
+
+
+@pytest.fixture
+def forget_old_paths():
+    """Each old path imported afresh (its alias runs again), and no alias left behind for other tests."""
+    def drop():
+        for name in OLD_TO_NEW:
+            sys.modules.pop(name, None)
+        layers = importlib.import_module("basebn.layers")
+        for name in OLD_TO_NEW:
+            if name.count(".") == 2:
+                layers.__dict__.pop(name.rsplit(".", 1)[1], None)
+    drop()
+    yield
+    drop()
+
+
+@pytest.mark.parametrize("old", sorted(OLD_TO_NEW))
+def test_old_path_warns_and_is_the_new_module(forget_old_paths, old):
+    new = importlib.import_module(OLD_TO_NEW[old])
+    package = old if old.count(".") == 2 else old.rsplit(".", 1)[0]  # a submodule's alias is its package's
+    with pytest.warns(DeprecationWarning, match=f"{package} moved to {package.replace('layers', 'ops')}"):
+        got = importlib.import_module(old)
+    assert got is new
+
+
+def test_monkeypatching_the_old_name_patches_the_new_module(forget_old_paths, monkeypatch):
+    new = importlib.import_module("basebn.ops.kernel_library")
+    with pytest.warns(DeprecationWarning):
+        import basebn.layers.kernel_library as old
+    monkeypatch.setattr(old, "kernel_error", lambda: "patched")
+    assert new.kernel_error() == "patched"
+
+
+def test_from_layers_import_an_old_name_warns(forget_old_paths):
+    with pytest.warns(DeprecationWarning, match="basebn.layers.conv_ops moved"):
+        from basebn.layers import conv_ops
+    assert conv_ops is importlib.import_module("basebn.ops.conv_ops")
+
+
+def test_the_ops_left_in_layers_are_only_these_aliases():
+    """basebn/layers keeps nn modules, Functions and model-wide BN tools; any *_ops, kernel_* or bn_ops there is one
+    of the aliases above, and each alias is only an alias (a few lines, no code of its own)."""
+    layers = os.path.join(ROOT, "basebn", "layers")
+    found = {f"basebn.layers.{name[:-3]}" for name in os.listdir(layers)
+             if name.endswith("_ops.py") or name.startswith("kernel_") and name.endswith(".py")}
+    if os.path.isdir(os.path.join(layers, "bn_ops")):
+        assert sorted(os.listdir(os.path.join(layers, "bn_ops"))) in (["__init__.py"], ["__init__.py", "__pycache__"])
+        found.add("basebn.layers.bn_ops")
+    assert found == {old for old in OLD_TO_NEW if old.count(".") == 2}
+    for old in found:
+        path = os.path.join(ROOT, *old.split(".")) + (".py" if old != "basebn.layers.bn_ops" else "/__init__.py")
+        source = open(path).read()
+        assert "sys.modules[__name__] = _moved" in source and len(source.splitlines()) <= 13, path
