@@ -2,7 +2,7 @@
 
     nice -n 5 .venv/bin/python benchmarks/bench_activation_memory.py [--models resnet20 resnet18 mbnetv2]
         [--repeats 3] [--warmup 2] [--batch-scale 1] [--malloc fixed|default]
-        [--torch-python PY | --install-torch] [--json OUT]
+        [--torch-python PY | --install-torch] [--json OUT] [--results results/activation_memory.json]
 
     e.g. nice -n 5 .venv/bin/python benchmarks/bench_activation_memory.py --torch-python .venv-bench/bin/python
 
@@ -34,7 +34,8 @@ hide in the baseline. ``--malloc default`` keeps glibc's defaults (for compariso
 activations a plain conv -> BN -> ReLU graph must keep (the input of every conv but the first, the input of every
 BN, the output of every ReLU; max-pool indices) counted from the ResNets' shapes, and PyTorch's own count of
 the distinct activation storages its graph saves (``saved_tensors_hooks``, parameters and the input excluded).
-Table: medians over ``--repeats`` processes, MiB.
+Table: medians over ``--repeats`` processes, MiB. ``--results FILE`` appends the medians (step peak, kept after
+the forward) and the ratios fused / PyTorch and fused / unfused per model.
 """
 import argparse
 import gc
@@ -55,6 +56,7 @@ import basebn.layers.bn_act as bn_act  # noqa: E402
 import basebn.models  # noqa: E402,F401  (imports the model families, and with them their ``with_act`` names)
 from basebn.layers.bn_act import has_act  # noqa: E402
 from benchmarks import bench_train_step as bts  # noqa: E402
+from results_file import add_results_argument, save_run  # noqa: E402
 
 MARK = bts.MARK
 MIB = 1 << 20
@@ -302,6 +304,7 @@ def main(argv=None):
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--worker", choices=["fused", "unfused"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
+    add_results_argument(ap)
     args = ap.parse_args(argv)
     if args.worker:
         return megengine_worker(args)
@@ -336,6 +339,28 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"args": {k: v for k, v in vars(args).items() if k != "worker"}, "results": results}, f,
                       indent=1)
+    save_run(args.results, "benchmarks/bench_activation_memory.py", "memory", [1],
+             results_figures(args.models, runners, results),
+             "activation memory of one training step at 1 thread (ResNet-20 b128, ResNet-18 3×112² b32, MobileNetV2 "
+             "3×112² b32): step peak and what is kept after the forward",
+             conditions=f"each measurement a fresh process; peak RSS of one step over the RSS before it; medians of "
+                        f"{args.repeats}; malloc {args.malloc}", torch_python=args.torch, argv=argv)
+
+
+def results_figures(models, runners, results):
+    """results/activation_memory.json's layout: per model, the medians (MiB) of the step peak and of what is kept
+    after the forward, one per runner in ``columns`` order, and the ratios fused / PyTorch and fused / unfused."""
+    columns = [r for r in RUNNERS if r in runners]
+    figures = {"columns": [{"torch": "torch eager"}.get(r, r) for r in columns]}
+    for model in models:
+        for key, name in (("peak", "step_peak_mib"), ("kept", "kept_after_forward_mib")):
+            figures.setdefault(name, {})[model] = [round(_med(results, model, r, key), 1) for r in columns]
+        fused = _med(results, model, "fused", "peak")
+        for other, name in (("torch", "fused_over_torch"), ("unfused", "fused_over_unfused")):
+            ref = _med(results, model, other, "peak") if other in runners else None
+            if fused is not None and ref:
+                figures.setdefault(name, {})[model] = round(fused / ref, 3)
+    return figures
 
 
 def _med(results, model, runner, key):

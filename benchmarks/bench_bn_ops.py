@@ -14,7 +14,9 @@ and, per shape, the fused ops alone (interleaved medians): act_normalize, act_bw
 activation beside the plain normalize / bwd_reduce / bwd_elemt.
 
 Printed: median ms and speed-up over BatchNorm2d (over the unfused layers for the fused ones). The methods take
-turns in every round (interleaved), so a loaded machine slows them alike.
+turns in every round (interleaved), so a loaded machine slows them alike. ``--results FILE``
+(results/bn_ops_fused.json) appends the speed-ups; a fused layer's ``speedup_by_median`` gives ``v`` (all rounds)
+with ``min`` and ``max``, the speed-ups of the first and the second half of the rounds (two measurements in one run).
 
     .venv/bin/python benchmarks/bench_bn_ops.py [--reps 7] [--shapes 128,32,28,28 32,256,14,14]
     .venv/bin/python benchmarks/bench_bn_ops.py --fused-only --acts silu hswish --shapes 32,64,56,56 128,32,28,28
@@ -35,6 +37,7 @@ from megengine.autodiff import GradManager  # noqa: E402
 
 from basebn.layers import BatchNorm2d, BatchNormAct2d  # noqa: E402
 from basebn.ops import bn_ops, kernel_library  # noqa: E402
+from results_file import add_results_argument, save_run  # noqa: E402
 
 EPS = 1e-5
 
@@ -53,8 +56,8 @@ def _median_ms(fn, reps, warmup):
     return float(np.median([_time_once(fn) for _ in range(reps)]))
 
 
-def _interleaved_medians(fns, reps, warmup):
-    """Median ms per method, the methods taking turns in every round (fair under shared CPUs)."""
+def _interleaved_times(fns, reps, warmup):
+    """{method: [ms per round]}, the methods taking turns in every round (fair under shared CPUs)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -62,6 +65,12 @@ def _interleaved_medians(fns, reps, warmup):
     for _ in range(reps):
         for k, fn in fns.items():
             times[k].append(_time_once(fn))
+    return times
+
+
+def _interleaved_medians(fns, reps, warmup):
+    """Median ms and min ms per method, the methods taking turns in every round."""
+    times = _interleaved_times(fns, reps, warmup)
     return {k: float(np.median(v)) for k, v in times.items()}, {k: float(np.min(v)) for k, v in times.items()}
 
 
@@ -111,8 +120,9 @@ def make_layer_run(fused, residual, x, s, dy, act="relu"):
 
 
 def fused_rows(shape, rng, reps, warmup, acts=("relu",)):
-    """{name: (median ms, min ms)} of the unfused and fused BN-act layers per activation of ``acts``, and BN-add-act
-    for those with a residual form (kernel backend)."""
+    """{name: (median ms, min ms, [median ms of the first half of the rounds, of the second half])} of the unfused
+    and fused BN-act layers per activation of ``acts``, and BN-add-act for those with a residual form (kernel
+    backend)."""
     x = mge.tensor(rng.standard_normal(shape).astype(np.float32))
     s = mge.tensor(rng.standard_normal(shape).astype(np.float32))
     dy = mge.tensor(rng.standard_normal(shape).astype(np.float32))
@@ -121,8 +131,25 @@ def fused_rows(shape, rng, reps, warmup, acts=("relu",)):
     fns = {f"{kind}-{'fused' if fused else 'unfused'}": make_layer_run(fused, residual, x, s, dy, act)
            for kind, act, residual in kinds for fused in (False, True)}
     with bn_ops.use_backend("kernel"):
-        med, best = _interleaved_medians(fns, reps, warmup)
-    return {k: (med[k], best[k]) for k in fns}
+        times = _interleaved_times(fns, reps, warmup)
+    half = max(1, reps // 2)
+    return {k: (float(np.median(v)), float(np.min(v)),
+                [float(np.median(v[:half])), float(np.median(v[half:] or v[:half]))]) for k, v in times.items()}
+
+
+def fused_figures(res):
+    """One shape's fused rows (``fused_rows``) as results/bn_ops_fused.json reads them: {"speedup_by_median":
+    {ACT or add-ACT: {"v", "min", "max"}}, "speedup_by_min": {...: ratio}}; a speed-up is unfused / fused."""
+    by_median, by_min = {}, {}
+    for name, (ms, low, halves) in res.items():
+        if not name.endswith("-fused"):
+            continue
+        key = name[len("bn-"):-len("-fused")]
+        ref_ms, ref_low, ref_halves = res[name.replace("-fused", "-unfused")]
+        split = [r / f for r, f in zip(ref_halves, halves)]
+        by_median[key] = {"v": round(ref_ms / ms, 3), "min": round(min(split), 3), "max": round(max(split), 3)}
+        by_min[key] = round(ref_low / low, 3)
+    return {"speedup_by_median": by_median, "speedup_by_min": by_min}
 
 
 def fused_op_split(shape, rng, reps, warmup, acts=("relu",)):
@@ -159,7 +186,9 @@ def main():
     ap.add_argument("--acts", nargs="*", default=["relu"], choices=[a for a in bn_ops.ACTIVATIONS if a != "identity"],
                     help="activations of the fused-vs-unfused rows")
     ap.add_argument("--fused-only", action="store_true", help="only the fused-vs-unfused rows")
+    add_results_argument(ap)
     args = ap.parse_args()
+    figures = {"speedup_by_median": {}, "speedup_by_min": {}, "bn_layer_over_mge_batchnorm2d": {}}
 
     have_kernel = kernel_library.kernel_available()
     threads = os.environ.get("BASEBN_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
@@ -218,6 +247,8 @@ def main():
                 ms = res[name]
                 print(f"{'x'.join(map(str, shape)):>16} {name:>16} {ms:10.2f} {best[name]:8.2f} "
                       f"{ref / ms:7.2f}x")
+                figures["bn_layer_over_mge_batchnorm2d"].setdefault("x".join(map(str, shape)), {})[name] = \
+                    round(ref / ms, 3)
         if split:
             print(f"{'':>16} kernel per-op median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
     if have_kernel:
@@ -225,11 +256,17 @@ def main():
         for spec in args.shapes:
             shape = tuple(int(v) for v in spec.split(","))
             res = fused_rows(shape, rng, args.reps, args.warmup, args.acts)
-            for name, (ms, low) in res.items():
+            for name, (ms, low, _) in res.items():
                 ref = res[name.replace("-fused", "-unfused")][0]
                 print(f"{'x'.join(map(str, shape)):>16} {name:>20} {ms:10.2f} {low:8.2f} {ref / ms:9.2f}x")
+            for key, by_key in fused_figures(res).items():
+                figures[key][spec.replace(",", "x")] = by_key
             split = fused_op_split(shape, rng, args.reps, args.warmup, args.acts)
             print(f"{'':>16} per-op median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
+    save_run(args.results, "benchmarks/bench_bn_ops.py", "fused", [int(threads)], figures,
+             "a fused BN → SiLU / HSwish / ReLU layer's forward + backward vs BatchNorm2d then the activation",
+             conditions=f"medians of {args.reps} interleaved rounds; kernels "
+                        f"{'available' if have_kernel else 'unavailable'}")
 
 
 if __name__ == "__main__":

@@ -10,13 +10,15 @@ it the four take turns in every round (interleaved), so a loaded machine slows t
 and one-call / unfused. The one-call op picks its plan by size (docs/bn_design.md); --plan forces one.
 
     .venv/bin/python benchmarks/bench_bn_train_ops.py [--shapes 32,64,56,56 128,32,28,28 32,256,14,14]
-        [--threads 1 2] [--act relu] [--rounds 30] [--plan auto|channels|rows]
+        [--threads 1 2] [--act relu] [--rounds 30] [--plan auto|channels|rows] [--results results/bn_train_ops.json]
 """
 import argparse
 import json
 import os
 import subprocess
 import sys
+
+from results_file import add_results_argument, save_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,7 +78,9 @@ def main():
     ap.add_argument("--act", default="relu")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--plan", choices=["auto", "channels", "rows"], default="auto")
+    add_results_argument(ap)
     args = ap.parse_args()
+    ratios = {}
     print("| shape (N,C,H,W) | threads | one-call fwd | unfused fwd | ratio | one-call bwd | unfused bwd | ratio |")
     print("|---|---|---|---|---|---|---|---|")
     for threads in args.threads:
@@ -90,6 +94,25 @@ def main():
             print(f"| {shape} | {threads} | {r['one-call fwd']:.2f} | {r['unfused fwd']:.2f} | "
                   f"{r['one-call fwd'] / r['unfused fwd']:.2f}x | {r['one-call bwd']:.2f} | {r['unfused bwd']:.2f} | "
                   f"{r['one-call bwd'] / r['unfused bwd']:.2f}x |", flush=True)
+            ratios.setdefault(shape.replace(",", "x"), {})[str(threads)] = {
+                "forward": round(r["one-call fwd"] / r["unfused fwd"], 3),
+                "backward": round(r["one-call bwd"] / r["unfused bwd"], 3)}
+    save_run(args.results, "benchmarks/bench_bn_train_ops.py", "ops", args.threads, results_figures(ratios),
+             "the one-call local BN training ops vs the unfused ops they replace (BN-ReLU)",
+             conditions=f"activation {args.act}, plan {args.plan}; each thread count in its own process, the four "
+                        "interleaved in every round, medians")
+
+
+def results_figures(ratios):
+    """results/bn_train_ops.json's layout from ``ratios`` ({shape: {threads: {"forward", "backward"}}}, shapes in
+    the order given): one_call_over_unfused per shape, and the shapes after the first together ("A and B": the
+    min-max of their ratios, forward and backward, every thread count)."""
+    figures = {"one_call_over_unfused": dict(ratios)}
+    rest = list(ratios)[1:]
+    if rest:
+        values = [v for shape in rest for by_op in ratios[shape].values() for v in by_op.values()]
+        figures["one_call_over_unfused"][" and ".join(rest)] = {"min": min(values), "max": max(values)}
+    return figures
 
 
 if __name__ == "__main__":

@@ -37,8 +37,11 @@ pulls the CUDA libraries (~5 GB installed): it is only installed with --install-
 --torch-python PATH to a python that has torch.
 
     .venv/bin/python benchmarks/bench_conv_backends.py [--quick] [--threads 2 1] [--rounds 5]
+        [--results results/conv_backends.json]
 
-Results and the choice made from them: docs/conv_backends.md.
+Results and the choice made from them: docs/conv_backends.md. ``--results FILE`` appends the medians per shape
+and op (``per_shape_ms``) and the ResNet-20 step's convs per thread count, fewest threads first
+(``resnet20_step_convs_ms``; ``resnet20_step_convs_ms_partial`` when --quick or --shapes leave some out).
 """
 import argparse
 import ctypes
@@ -50,6 +53,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from results_file import add_results_argument, save_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -722,6 +727,7 @@ def main():
     ap.add_argument("--gap", type=float, default=0.03,
                     help="seconds slept before each timed call (OpenMP/TBB/MegEngine workers spin after work)")
     ap.add_argument("--json", default=None, help="write all timings here")
+    add_results_argument(ap)
     args = ap.parse_args()
     rounds = args.rounds or (3 if args.quick else 5)
     shapes = [s for s in SHAPES if (not args.quick or s[0] in QUICK)]
@@ -852,7 +858,8 @@ def main():
         v = results.get((t, s, op, name))
         return float(np.median(v)) * 1e3 if v else None
 
-    lines = []
+    lines, per_shape, steps = [], [], []
+    labels = {"blas": "blas (OpenBLAS)", "basebn": "basebn (old path)"}  # as results/conv_backends.json names them
     hdr = "| threads | shape | op | " + " | ".join(f"{n} ms" for n in names) + " | " + \
         " | ".join(f"{n}/{ref_name}" for n in names if n != ref_name) + " |"
     lines.append(hdr)
@@ -866,6 +873,8 @@ def main():
                        for n, m in zip(names, ms) if n != ref_name]
                 lines.append(f"| {t} | {s[0]} | {op} | " + " | ".join("-" if m is None else f"{m:.2f}" for m in ms)
                              + " | " + " | ".join(rat) + " |")
+                per_shape.append(dict({"threads": t, "shape": s[0], "op": op},
+                                      **{f"{n} ms": round(m, 2) for n, m in zip(names, ms) if m is not None}))
         # whole ResNet-20 step
         tot = {}
         for n in names:
@@ -886,6 +895,8 @@ def main():
         n_r20 = sum(1 for s in shapes if s[10])
         label = ("ResNet-20 step, all convs" if n_r20 == sum(1 for s in SHAPES if s[10])
                  else f"ResNet-20 step, PARTIAL ({n_r20} shapes)")
+        steps.append(dict({"threads": t, "stat": "median"},
+                          **{labels.get(n, n): round(tot[n]) for n in names if tot[n] is not None}))
         lines.append(f"| {t} | **{label}** | fwd+bwd | "
                      + " | ".join("-" if tot[n] is None else f"**{tot[n]:.1f}**" for n in names) + " | "
                      + " | ".join((f"{tot[n] / ref:.2f}" if tot[n] and ref else "-") for n in names if n != ref_name)
@@ -910,6 +921,19 @@ def main():
                        "errs": {"|".join(k): v for k, v in errs.items()},
                        "impls": {"|".join(k): v for k, v in impls.items()}, "skipped": skipped,
                        "table": lines}, f, indent=1)
+    step_key = "resnet20_step_convs_ms" if n_r20 == sum(1 for s in SHAPES if s[10]) else \
+        "resnet20_step_convs_ms_partial"
+    figures = {step_key: sorted(steps, key=lambda row: row["threads"]), "per_shape_ms": per_shape,
+               "reference": ref_name, "rounds": rounds}
+    if skipped:
+        figures["skipped"] = sorted(skipped)
+    save_run(args.results, "benchmarks/bench_conv_backends.py", "backends", args.threads, figures,
+             "CPU convolution backends: every conv of a ResNet-20 step (and ResNet-18 / MobileNetV2 shapes), forward, "
+             "data and weight gradients, with the NCHW <-> blocked reorders",
+             conditions=f"backends interleaved round by round, {args.gap * 1e3:g} ms gap before each call, median of "
+                        f"{rounds} rounds after one warm-up call",
+             torch_python=(args.torch_python or os.path.join(CACHE, "torch-venv", "bin", "python"))
+             if "torch" in names else None)
 
 
 if __name__ == "__main__":

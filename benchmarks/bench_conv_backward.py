@@ -11,15 +11,20 @@ runtime, inline CPU device); the steps alternate pair by pair (A B, B A, ...) be
 (``shortcut``: the conv called, x returned; ``merged``: ``conv_backward`` replaced by the two separate ops) and on,
 so machine load drifts over both alike. Prints each setting's median / min step ms and their ratio. ``--op-reps``:
 ResNet-20's three identity-block shapes (batch 128), alternating, median ms of one call each: data gradient then
-MegEngine's add vs ``BasebnConvBwdData`` adding it; and the two ops vs ``BasebnConvBwd``.
+MegEngine's add vs ``BasebnConvBwdData`` adding it; and the two ops vs ``BasebnConvBwd``. ``--results FILE``
+(results/conv_backward.json) appends one run per variant (kind ``backward``: shortcut; ``backward-merged``:
+merged) with the [off, on] ms and the on / off ratios.
 """
 import argparse
 import os
 import subprocess
 import sys
 
+from results_file import add_results_argument, save_run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+KINDS = {"shortcut": "backward", "merged": "backward-merged"}  # a variant's run kind in the results file
 
 WORKER = r'''
 import statistics, sys, time
@@ -96,8 +101,10 @@ def main():
     ap.add_argument("--threads", nargs="+", type=int, default=[2, 1])
     ap.add_argument("--pairs", type=int, default=10, help="step pairs (saving off, on) per model")
     ap.add_argument("--op-reps", type=int, default=30, help="calls per variant and shape (0: skip)")
+    add_results_argument(ap)
     args = ap.parse_args()
     for variant in args.variants:
+        figures = {}
         off, on = {"shortcut": ("autodiff add", "in-op add"), "merged": ("two ops", "one op")}[variant]
         print(f"\n== {variant}")
         if args.op_reps:
@@ -106,12 +113,24 @@ def main():
                 for shape, t_off, t_on in run(threads, "ops", args.op_reps, variant):
                     print(f"{shape:12s} {threads:3d} {float(t_off):16.2f} {float(t_on):12.2f} "
                           f"{float(t_on) / float(t_off):5.2f}x", flush=True)
+                    figures.setdefault("op_alone_ms", {}).setdefault(shape, {})[str(threads)] = \
+                        [float(t_off), float(t_on)]
+                    figures.setdefault("op_alone_ratio", {}).setdefault(shape, {})[str(threads)] = \
+                        round(float(t_on) / float(t_off), 3)
         print(f"{'model':9s} {'thr':>3s} {off + ' med/min':>21s} {on + ' med/min':>18s} {'ratio':>6s}")
         for threads in args.threads:
             for model in args.models:
                 for med0, min0, med1, min1 in run(threads, model, args.pairs, variant):
                     print(f"{model:9s} {threads:3d} {f'{med0}/{min0}':>21s} {f'{med1}/{min1}':>18s} "
                           f"{float(med1) / float(med0):5.2f}x", flush=True)
+                    figures.setdefault("step_ms", {}).setdefault(model, {})[str(threads)] = \
+                        [float(med0), float(med1)]
+                    figures.setdefault("step_ratio", {}).setdefault(model, {})[str(threads)] = \
+                        round(float(med1) / float(med0), 3)
+        save_run(args.results, "benchmarks/bench_conv_backward.py", KINDS[variant], args.threads, figures,
+                 "conv backward: the shortcut's gradient added in the data-gradient op, and both gradients from one "
+                 "call", conditions=f"{variant}: pairs [{off}, {on}], alternating")
+
 
 if __name__ == "__main__":
     main()

@@ -25,6 +25,9 @@ from other processes only ever adds time).
 
     python benchmarks/bench_conv_bn.py                      # stack, resnet18, resnet50
     python benchmarks/bench_conv_bn.py --models resnet18 --batch 8 --size 96
+
+``--results FILE`` (results/conv_bn.json) appends the efficient / plain ratios (activation memory, step time) per
+model and their min-max over the models, and fuse_conv_bn's inference speed-up per model.
 """
 import argparse
 import json
@@ -32,6 +35,8 @@ import os
 import subprocess
 import sys
 import time
+
+from results_file import add_results_argument, default_threads, save_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -250,10 +255,12 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=None)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--variant", default=None, help=argparse.SUPPRESS)  # child mode
+    add_results_argument(ap)
     args = ap.parse_args(argv)
     if args.variant is not None:
         args.model = args.models
         return {"time": child_time, "infer": child_infer}.get(args.variant, child_memory)(args)
+    figures = {}
 
     for model in args.models.split(","):
         batch = args.batch or DEFAULTS.get(model, (16, 64))[0]
@@ -282,11 +289,25 @@ def main(argv=None):
                   f"peak RSS to the end of forward / backward; all over the RSS before the step. "
                   f"Parameter gradients ({any_row['grads_mib']:.1f} MiB) are in 'step pk'. "
                   f"Peak reset via clear_refs: {any_row['hwm_reset']}.")
+            if "plain" in rows and "efficient" in rows and rows["plain"]["act_mib"] > 0 and rows["plain"]["ms"] > 0:
+                figures.setdefault("efficient_over_plain_by_model", {})[model] = {
+                    "activation_memory": round(rows["efficient"]["act_mib"] / rows["plain"]["act_mib"], 3),
+                    "step_time": round(rows["efficient"]["ms"] / rows["plain"]["ms"], 3)}
         if "infer" in variants:
             r = run_child(model, "infer", batch, size, 2 * args.repeat + 1)
             print(f"inference (eval forward, batch {batch}): plain {r['plain_ms']:.0f} ms, fused "
                   f"{r['fused_ms']:.0f} ms, speed-up {r['plain_ms'] / r['fused_ms']:.2f}x; "
                   f"BN left {r['bn_left']}, max rel diff {r['rel_err']:.1e}")
+            figures.setdefault("fuse_conv_bn_inference_speedup", {})[model] = round(r["plain_ms"] / r["fused_ms"], 3)
+            figures["fuse_max_rel_diff"] = max(figures.get("fuse_max_rel_diff", 0.0), float(f"{r['rel_err']:.1e}"))
+    by_model = figures.get("efficient_over_plain_by_model", {})
+    if by_model:
+        figures["efficient_over_plain"] = {key: {"min": min(m[key] for m in by_model.values()),
+                                                 "max": max(m[key] for m in by_model.values())}
+                                           for key in ("activation_memory", "step_time")}
+    save_run(args.results, "benchmarks/bench_conv_bn.py", "conv-bn", default_threads(), figures,
+             "efficient conv-BN (eval-mode fine-tuning) and fuse_conv_bn inference",
+             conditions=f"time: best of {args.repeat} steps, variants round-robin", argv=argv)
     return 0
 
 

@@ -14,6 +14,8 @@ and their sum's ratio nchw / blocked; ``rule`` says which of the two basebn runs
 under 14 x 14 run on oneDNN in both workers: their ratio shows the noise).
 Shapes: MobileNetV2 (3x112x112, batch 32), ResNet-50 bottlenecks (224 / 4, batch 32), the 1x1 stride-2
 downsamples of ResNet-20 and ResNet-18, EfficientNet-style 5x5 depthwise convs, and a few past the rules' edges.
+``--results FILE`` (results/conv_layout.json) appends two runs: ``layout`` (the pointwise shapes, by group) and
+``depthwise`` (the depthwise shapes), each with the min-max of its groups' nchw / blocked ratios per thread count.
 """
 import argparse
 import json
@@ -28,6 +30,7 @@ import numpy as np
 import megengine as mge
 
 from bench_train_step import MARK, Runner, thread_env
+from results_file import add_results_argument, save_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -77,6 +80,57 @@ def under_rule(what, c, h, w):
     return h * w >= 14 * 14 and ("dw" in what or c <= 512)
 
 
+# the groups of shapes a results file gives the nchw / blocked ratios of: (key, which shapes, their run's kind)
+GROUPS = [
+    ("MobileNetV2 pointwise, 56² to 14²", lambda what, c, h: what.startswith("mbv2") and "dw" not in what
+     and h >= 14, "layout"),
+    ("ResNet-50 pointwise up to 512 input channels, 56² to 14²", lambda what, c, h: what.startswith("r50")
+     and "downsample" not in what and c <= 512 and h >= 14, "layout"),
+    ("1x1 stride-2 downsamples of ResNet-20 / ResNet-18", lambda what, c, h: what in ("r20 downsample",
+                                                                                         "r18 downsample"), "layout"),
+    ("left blocked by the rules: 7² and 4² maps, 1024+ input channels", lambda what, c, h: "dw" not in what
+     and not under_rule(what, c, h, h), "layout"),
+    ("mbnetv2 3x3 56-14, both strides", lambda what, c, h: what == "mbv2 dw" and h >= 14, "depthwise"),
+    ("5x5 (EfficientNet)", lambda what, c, h: what.startswith("effnet"), "depthwise"),
+    ("7x7 image (noise)", lambda what, c, h: what == "mbv2 dw 7x7 image", "depthwise"),
+]
+
+
+def span(values):
+    return {"min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+def results_figures(ratios):
+    """{kind: figures} from ``ratios`` ({threads: {shape index: nchw / blocked}}), in results/conv_layout.json's
+    layout: ``layout``: pointwise_rule_nchw (the pointwise shapes basebn runs on NCHW kernels),
+    left_blocked_if_moved, nchw_over_blocked_with_reorders (per group); ``depthwise``: depthwise_nchw_over_jit_dw."""
+    layout = {"pointwise_rule_nchw": {}, "left_blocked_if_moved": {}, "nchw_over_blocked_with_reorders": []}
+    depthwise = {"depthwise_nchw_over_jit_dw": {}}
+    for threads, by_shape in ratios.items():
+        t = str(threads)
+        pointwise = [(i, r) for i, r in by_shape.items() if "dw" not in SHAPES[i][0]]
+        ruled = [r for i, r in pointwise if under_rule(SHAPES[i][0], SHAPES[i][2], SHAPES[i][3], SHAPES[i][4])]
+        left = [r for i, r in pointwise if not under_rule(SHAPES[i][0], SHAPES[i][2], SHAPES[i][3], SHAPES[i][4])]
+        if ruled:
+            layout["pointwise_rule_nchw"][t] = span(ruled)
+        if left:
+            layout["left_blocked_if_moved"][t] = span(left)
+        for key, member, kind in GROUPS:
+            group = [r for i, r in by_shape.items() if member(SHAPES[i][0], SHAPES[i][2], SHAPES[i][3])]
+            if not group:
+                continue
+            if kind == "depthwise":
+                depthwise["depthwise_nchw_over_jit_dw"].setdefault(key, {})[t] = span(group)
+            else:
+                rows = layout["nchw_over_blocked_with_reorders"]
+                row = next((r for r in rows if r["convs"] == key), None)
+                if row is None:
+                    row = {"convs": key}
+                    rows.append(row)
+                row[f"{threads} thread" + ("s" if threads > 1 else "")] = span(group)
+    return {"layout": layout, "depthwise": depthwise}
+
+
 def conv_of(what, c, o, stride):
     """(weight shape, geometry) of a shape row."""
     if "dw" in what:
@@ -120,9 +174,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=5, help="alternations of the two workers per shape")
     ap.add_argument("--calls", type=int, default=2, help="timed forward + backward calls per worker per round")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    add_results_argument(ap)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    ratios = {}
     tmp = tempfile.mkdtemp(prefix="bench_conv_layout_")
     argv = [sys.executable, os.path.abspath(__file__), "--worker"]
     for threads in args.threads:
@@ -144,11 +200,17 @@ def main():
             med = {(k, op): 1e3 * statistics.median(v) for k, ops in times.items() for op, v in ops.items()}
             ratio = (med["nchw", "fwd"] + med["nchw", "bwd"]) / (med["blocked", "fwd"] + med["blocked", "bwd"])
             rule = "nchw" if under_rule(what, c, h, w) else "blk"
+            ratios.setdefault(threads, {})[i] = ratio
             print(f"{what:26s} {f'{n}x{c}x{h}x{w} -> {o}, s{s}':30s} {rule:>4s} "
                   f"{med['nchw', 'fwd']:8.2f} {med['blocked', 'fwd']:8.2f} {med['nchw', 'bwd']:8.2f} "
                   f"{med['blocked', 'bwd']:8.2f} {ratio:12.2f}", flush=True)
         for runner in workers.values():
             runner.close()
+    what = ("pointwise and depthwise convs on NCHW kernels (no layout reorders) vs oneDNN's blocked kernels with "
+            "their reorders, forward + backward per op")
+    for kind, figures in results_figures(ratios).items():
+        save_run(args.results, "benchmarks/bench_conv_layout.py", kind, args.threads, figures, what,
+                 conditions="the two layouts alternating, shape by shape; nchw / blocked of forward + backward")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ images/s = batch / median and the speed-up over eager basebn. Models (weights do
     resnet50       3x224x224, 1000 classes, batch 1 and 32 (256 at 224 px takes minutes per call on 2 cores)
     mbnetv2_x100   3x224x224, 1000 classes, batch 1 and 32
 
-    python benchmarks/bench_deploy.py [--models resnet20 resnet50 mbnetv2_x100] [--reps 5]
+    python benchmarks/bench_deploy.py [--models resnet20 resnet50 mbnetv2_x100] [--reps 5] [--results FILE]
+
+``--results FILE`` appends the images/s and the speed-ups over eager basebn per model, batch and variant.
 """
 import argparse
 import os
@@ -30,6 +32,7 @@ from basebn.cli import quiet_device_probe  # noqa: E402
 from basebn.deploy import export_mge, export_onnx, load_exported, prepare_for_export  # noqa: E402
 from basebn.engine.build import build_model_from_cfg, zoo_config  # noqa: E402
 from basebn.models import build_model, load_weights  # noqa: E402
+from results_file import add_results_argument, default_threads, save_run  # noqa: E402
 
 ZOO_ENTRY = "fmnist_r20_fullres_restart2"
 SETUPS = {  # name: (input shape C, H, W; batch sizes)
@@ -83,7 +86,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="*", default=list(SETUPS), choices=list(SETUPS))
     p.add_argument("--reps", type=int, default=5)
+    add_results_argument(p)
     args = p.parse_args()
+    figures = {"images_per_s": {}, "over_eager_basebn": {}}
     quiet_device_probe()
     print(f"medians of {args.reps} interleaved calls; CPU threads available: {os.cpu_count()}")
     print("| model | input | batch | variant | images/s | vs eager basebn |")
@@ -100,6 +105,12 @@ def main():
                 for k, t in medians.items():
                     print(f"| {name} | {'x'.join(map(str, shape))} | {batch} | {k} | {batch / t:.1f} | "
                           f"{base / t:.2f}x |", flush=True)
+                    figures["images_per_s"].setdefault(name, {}).setdefault(str(batch), {})[k] = round(batch / t, 1)
+                    figures["over_eager_basebn"].setdefault(name, {}).setdefault(str(batch), {})[k] = \
+                        round(base / t, 3)
+    save_run(args.results, "benchmarks/bench_deploy.py", "deploy", default_threads(), figures,
+             "inference speed of a deployed model: eager basebn, eager fused, MegEngine Lite and onnxruntime",
+             conditions=f"medians of {args.reps} interleaved calls per variant")
     return 0
 
 

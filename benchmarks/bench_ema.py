@@ -15,7 +15,8 @@ update_period=1. Each round times, interleaved so that machine load hits all ali
   ``.module`` is read (evaluation reads it once per epoch), as long as this costs over 1% of a step.
 
 Every timing ends by reading a value back, so queued asynchronous work is included. Medians of
-each round's median; the goal is EMA update <= 3% of a training step.
+each round's median; the goal is EMA update <= 3% of a training step. ``--results FILE``
+(results/ema.json) appends each update's share of a step.
 """
 import argparse
 import os
@@ -33,6 +34,7 @@ from megengine.autodiff import GradManager  # noqa: E402
 
 from basebn.engine.ema import ModelEMA, _named_tensors  # noqa: E402
 from basebn.models import build_model  # noqa: E402
+from results_file import add_results_argument, default_threads, save_run  # noqa: E402
 
 
 def naive_update(ema_tensors, model_tensors, m):
@@ -59,6 +61,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8, help="timed training steps per round")
     ap.add_argument("--updates", type=int, default=40, help="timed EMA updates per round and method")
+    add_results_argument(ap)
     args = ap.parse_args()
 
     rng = np.random.default_rng(0)
@@ -127,6 +130,14 @@ def main():
     print(f"goal (vectorised <= 3% of a step): {'met' if v <= 0.03 * s else 'NOT met'}")
     print(f"eager refresh (update + .module read) {100 * vr / s:.2f}% of a step: "
           f"{'the lazy refresh is worth keeping (> 1%)' if vr > 0.01 * s else 'under 1%: the lazy refresh could go'}")
+    figures = {"share_of_step": {"flat": round(v / s, 4), "per_tensor": round(l / s, 4),
+                                 "flat_and_module_read": round(vr / s, 4)},
+               "ms": {"step": round(s, 3), "flat": round(v, 3), "per_tensor": round(l, 3), "flat_and_module_read":
+                      round(vr, 3)}, "max_abs_flat_minus_loop": float(f"{err:.2e}")}
+    save_run(args.results, "benchmarks/bench_ema.py", "ema", default_threads(), figures,
+             "the model EMA update's share of a training step",
+             conditions=f"ResNet-20 width {args.width}, batch {args.batch} of 3x{args.size}x{args.size}, "
+                        "update_period=1")
 
 
 if __name__ == "__main__":

@@ -8,13 +8,16 @@ runs in one process started as basebn.train starts (bench_train_step's ``basebn`
 inline CPU device) with the poller left alone; then the steps alternate, pair by pair (A B, B A, ...), between the
 poller at nice 0 and at nice 19, so machine load drifts over both alike. Setting nice 0 again after 19 needs
 permission to raise a priority (root or CAP_SYS_NICE). Prints the poller's wakes per second (from its context
-switches), each setting's median / min step ms and their ratio.
+switches), each setting's median / min step ms and their ratio. ``--results FILE`` (results/event_poller.json)
+appends them; ``nice19_over_nice0`` holds the first thread count's ratios.
 """
 import argparse
 import os
 import statistics
 import subprocess
 import sys
+
+from results_file import add_results_argument, save_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -59,7 +62,10 @@ def main():
     ap.add_argument("--models", nargs="+", default=["resnet20", "resnet18", "mbnetv2"])
     ap.add_argument("--threads", nargs="+", type=int, default=[2])
     ap.add_argument("--pairs", type=int, default=12, help="step pairs (nice 0, nice 19) per model")
+    add_results_argument(ap)
     args = ap.parse_args()
+    figures = {"ms_median_min_nice0_to_nice19": {}, "nice19_over_nice0_by_threads": {}, "nice19_over_nice0": {}}
+    wakes_seen = []
     print(f"{'model':9s} {'thr':>3s} {'poller wakes/s':>15s} {'nice 0 med/min':>16s} {'nice 19 med/min':>16s} "
           f"{'19/0':>6s}")
     for threads in args.threads:
@@ -75,6 +81,17 @@ def main():
             wakes, med0, min0, med19, min19 = (float(v) for v in line[0].split()[1:])
             print(f"{model:9s} {threads:3d} {wakes:15.0f} {f'{med0:.0f}/{min0:.0f}':>16s} "
                   f"{f'{med19:.0f}/{min19:.0f}':>16s} {med19 / med0:5.2f}x", flush=True)
+            ratio = round(med19 / med0, 3)
+            figures["ms_median_min_nice0_to_nice19"].setdefault(model, {})[t] = [[med0, min0], [med19, min19]]
+            figures["nice19_over_nice0_by_threads"].setdefault(t, {})[model] = ratio
+            if threads == args.threads[0]:
+                figures["nice19_over_nice0"][model] = ratio
+            wakes_seen.append(wakes)
+    if wakes_seen:
+        figures["wakes_per_s"] = {"min": min(wakes_seen), "max": max(wakes_seen)}
+    save_run(args.results, "benchmarks/bench_event_poller.py", "poller", args.threads, figures,
+             "MegEngine's 10-µs event poller at nice 19 vs nice 0, steps alternating in one process",
+             conditions=f"{args.pairs} step pairs alternating the poller at nice 0 and 19")
 
 
 if __name__ == "__main__":

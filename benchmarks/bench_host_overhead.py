@@ -11,6 +11,9 @@ Per model and thread count, in one process started as basebn.train starts (bench
                and the slope, extra step time per ms of extra Python. MegEngine runs kernels on its own worker thread,
                so the Python thread competes for a core only when every core computes.
 The slope times the tiny-input CPU time estimates what the Python of a step costs at that thread count.
+``--results FILE`` (results/host_overhead.json) appends, per thread count T, ``slope_T_threads`` (min-max over the
+models) and ``cost_share_T_threads`` per model: the cost over the step's time, ``v`` from all rounds, ``min`` and
+``max`` from the slopes of the first and the second half of the rounds.
 """
 import argparse
 import cProfile
@@ -25,6 +28,7 @@ import time
 import megengine.module as M
 
 from bench_train_step import MODELS, MegEngineRunner, thread_env
+from results_file import add_results_argument, save_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -82,7 +86,11 @@ def added_python(model_key, rounds, added_ms):
             state["on"] = on
             times[on].append(runner.step())
     plain, burned = (1e3 * statistics.median(times[k]) for k in (False, True))
-    return {"plain_ms": plain, "burned_ms": burned, "burn_ms": added_ms, "slope": (burned - plain) / added_ms}
+    half = max(1, rounds // 2)
+    halves = [(statistics.median(times[True][part]) - statistics.median(times[False][part])) * 1e3 / added_ms
+              for part in (slice(0, half), slice(half if rounds > 1 else 0, None))]
+    return {"plain_ms": plain, "burned_ms": burned, "burn_ms": added_ms, "slope": (burned - plain) / added_ms,
+            "slope_halves": halves}
 
 
 def worker(args):
@@ -103,11 +111,13 @@ def main():
     ap.add_argument("--tiny-steps", type=int, default=30)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
+    add_results_argument(ap)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
     print(f"{'model':10s} {'thr':>3s} {'calls/step':>10s} {'Python ms':>9s} {'step ms':>8s} {'+added':>8s} "
           f"{'added ms':>8s} {'slope':>6s} {'Python cost ms':>14s}")
+    measured = []
     for model in args.models:
         for threads in args.threads:
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--rounds",
@@ -118,6 +128,31 @@ def main():
             print(f"{model:10s} {threads:3d} {r['calls']:10.0f} {r['cpu_ms']:9.1f} {r['plain_ms']:8.1f} "
                   f"{r['burned_ms']:8.1f} {r['burn_ms']:8.1f} {r['slope']:6.2f} {r['slope'] * r['cpu_ms']:14.1f}",
                   flush=True)
+            measured.append((model, threads, r))
+    save_run(args.results, "benchmarks/bench_host_overhead.py", "host", args.threads, results_figures(measured),
+             "what the Python thread costs a step: a busy loop before every conv, steps with and without it "
+             "alternating (slope: extra step time per ms of Python)",
+             conditions=f"tiny input (2×C×32²) for the Python ms; {args.rounds} step pairs, "
+                        f"+{args.added_ms:g} ms of Python")
+
+
+def results_figures(measured):
+    """results/host_overhead.json's layout from [(model, threads, a worker's figures)]: per_model rows, and per
+    thread count T, slope_T_threads ({min, max} over the models) and cost_share_T_threads ({model: {v, min,
+    max}}: the slope times the tiny input's Python ms, over the step's ms)."""
+    figures = {"per_model": []}
+    for model, threads, r in measured:
+        figures["per_model"].append({"model": model, "threads": threads, "Python calls / step": round(r["calls"]),
+                                     "Python ms": round(r["cpu_ms"], 1), "step ms": round(r["plain_ms"]),
+                                     f"+ {r['burn_ms']:g} ms of Python": round(r["burned_ms"]),
+                                     "slope": round(r["slope"], 2), "cost, ms": round(r["slope"] * r["cpu_ms"], 1)})
+        shares = [slope * r["cpu_ms"] / r["plain_ms"] for slope in [r["slope"]] + r["slope_halves"]]
+        figures.setdefault(f"cost_share_{threads}_threads", {})[model] = {
+            "v": round(shares[0], 3), "min": round(min(shares[1:]), 3), "max": round(max(shares[1:]), 3)}
+    for threads in sorted({t for _, t, _ in measured}):
+        slopes = [r["slope"] for _, t, r in measured if t == threads]
+        figures[f"slope_{threads}_threads"] = {"min": round(min(slopes), 2), "max": round(max(slopes), 2)}
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,19 +1,19 @@
 """CPU benchmark: a classifier's Linear layer, forward + backward: basebn's Linear (oneDNN sgemm op),
 megengine.module.Linear (MegEngine's MatrixMul, one thread: what basebn trained with before) and PyTorch.
 
-Issue N, item 4: every op of a training step that ran on MegEngine's one CPU thread moves onto multi-threaded
-kernels. Both MegEngine processes start as basebn.train does (tune_cpu_runtime, the inline CPU device with its
+Both MegEngine processes start as basebn.train does (tune_cpu_runtime, the inline CPU device with its
 OpenMP spin). Each framework runs in its own process with the same thread count (`thread_env`); rounds alternate
 the order (basebn, mge, torch), (torch, mge, basebn), ...; each process times `--reps` fwd+bwd calls (input,
 weight and bias gradients) after warm-up and prints its median; the table gives the median over rounds.
 
     .venv/bin/python benchmarks/bench_linear.py --torch-python .venv-bench/bin/python [--threads 1 2]
-        [--shapes 32,1280,1000 32,512,1000 128,64,10] [--rounds 3] [--reps 15]
+        [--shapes 32,1280,1000 32,512,1000 128,64,10] [--rounds 3] [--reps 15] [--results results/linear.json]
 """
 import argparse
 import sys
 
 from op_process import alternating_medians
+from results_file import add_results_argument, save_run
 
 SETUP = r'''
 import json, sys, time
@@ -72,7 +72,9 @@ def main():
                     help="batch,in,out: MobileNetV2's and ResNet-18's classifiers at batch 32, ResNet-20's at 128")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=15)
+    add_results_argument(ap)
     args = ap.parse_args()
+    rows = []
     pythons = {"basebn": sys.executable, "mge": sys.executable, "torch": args.torch_python}
     print("| batch, in, out | threads | basebn ms | MegEngine ms | PyTorch ms | basebn / PyTorch "
           "| basebn / MegEngine |")
@@ -83,6 +85,13 @@ def main():
                                       args.rounds, args.reps)
             b, m, t = (med[fw] for fw in FRAMEWORKS)
             print(f"| {shape} | {threads} | {b:.2f} | {m:.2f} | {t:.2f} | {b / t:.2f}x | {b / m:.2f}x |", flush=True)
+            rows.append({"batch, in, out": shape.replace(",", ", "), "threads": threads, "basebn ms": round(b, 2),
+                         "MegEngine ms": round(m, 2), "PyTorch ms": round(t, 2), "basebn / PyTorch": round(b / t, 3),
+                         "basebn / MegEngine": round(b / m, 3)})
+    save_run(args.results, "benchmarks/bench_linear.py", "linear", args.threads, {"fwd_bwd_ms": rows},
+             "a Linear layer's forward + backward (input, weight and bias gradients): basebn's oneDNN sgemm op vs "
+             "MegEngine's matmul vs PyTorch", conditions=f"medians of {args.rounds} alternating rounds of "
+             f"{args.reps} calls", torch_python=args.torch_python)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ the cost behind basebn's OpenMP spin setting (results/omp_spin.json).
 Compiles a small C++ probe with g++ -fopenmp (the same libgomp family as basebn's oneDNN build) and runs it with
 OMP_WAIT_POLICY=PASSIVE (basebn's default outside basebn.train), GOMP_SPINCOUNT=30000 (basebn.train's) and
 libgomp's default, side by side: per gap, the median / 90th percentile / max microseconds from the region's start
-until the worker runs. 2 threads; needs g++.
+until the worker runs. 2 threads; needs g++. ``--results FILE`` (results/omp_spin.json) appends the
+medians (``wake_latency_us_after_gap``), the 90th percentiles and the maxima, per setting in gap order.
 """
 import argparse
 import os
@@ -14,6 +15,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+from results_file import add_results_argument, save_run
 
 PROBE = r"""
 #include <omp.h>
@@ -57,7 +60,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gaps-us", nargs="+", type=int, default=[10, 100, 1000, 5000])
     ap.add_argument("--reps", type=int, default=200)
+    add_results_argument(ap)
     args = ap.parse_args()
+    gaps = [f"{g} us" if g < 1000 else f"{g / 1000:g} ms" for g in args.gaps_us]
+    figures = {key: {"gaps": gaps} for key in ("wake_latency_us_after_gap", "p90_us", "max_us")}
     if shutil.which("g++") is None:
         print("error: needs g++ (apt-get install g++)", file=sys.stderr)
         return 2
@@ -70,11 +76,16 @@ def main():
         print(f"{'gap (us)':>9s} " + " ".join(f"{name + ' med/p90/max':>34s}" for name in SETTINGS))
         for gap in args.gaps_us:
             cells = []
-            for extra in SETTINGS.values():
+            for name, extra in SETTINGS.items():
                 out = subprocess.run([exe, str(gap), str(args.reps)], env=dict(base, **extra), capture_output=True,
                                      text=True, check=True).stdout.split()
                 cells.append("/".join(out).rjust(34))
+                for key, value in zip(figures, out):
+                    figures[key].setdefault(name, []).append(float(value))
             print(f"{gap:9d} " + " ".join(cells), flush=True)
+    save_run(args.results, "benchmarks/bench_omp_wake.py", "wake", [2], figures,
+             "the OpenMP worker's spin with the inline device: wake-up latency and training steps",
+             conditions=f"{args.reps} regions per gap and setting")
     return 0
 
 

@@ -6,10 +6,12 @@ Ops on tiny tensors, so that the time is the call, not the arithmetic: basebn's 
 (dispatch, MegEngine's queues, the custom-op boundary). Processes take turns round by round: ``tuned``
 starts as basebn.train does (basebn.utils.cpu_runtime: tune_cpu_runtime's capped spin and kept malloc, then
 use_inline_cpu_device), ``cpu0`` is tuned but stays on MegEngine's cpu0 device (its kernels on a dispatcher
-thread, whose queue a custom op waits for), ``untuned`` keeps MegEngine's and glibc's defaults. Also a 64x64x56x56 conv forward (an output of 51 MB): the part of the boundary that grows with the
-output (a fresh output page-faulted in on every call, untuned).
+thread, whose queue a custom op waits for), ``untuned`` keeps MegEngine's and glibc's defaults. Also a 64x64x56x56
+conv forward (an output of 51 MB): the part of the boundary that grows with the output (a fresh output
+page-faulted in on every call, untuned).
 
     .venv/bin/python benchmarks/bench_op_overhead.py [--threads 1] [--rounds 5] [--calls 200]
+        [--results results/op_overhead.json]
 """
 import argparse
 import json
@@ -19,6 +21,7 @@ import subprocess
 import sys
 
 from bench_train_step import thread_env
+from results_file import add_results_argument, save_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,6 +75,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=200)
+    add_results_argument(ap)
     args = ap.parse_args()
     modes = ("tuned", "cpu0", "untuned")
     times = {m: [] for m in modes}
@@ -80,9 +84,16 @@ def main():
             times[mode].append(run_one(mode, args.threads, args.calls))
     print(f"| op ({args.threads} thread(s)) | tuned us/call | tuned on cpu0 | untuned | tuned / cpu0 | tuned / untuned |")
     print("|---|---|---|---|---|---|")
+    rows = []
     for name in times["tuned"][0]:
         t, c, u = (statistics.median(x[name] for x in times[m]) for m in modes)
         print(f"| {name} | {t:.0f} | {c:.0f} | {u:.0f} | {t / c:.2f}x | {t / u:.2f}x |")
+        rows.append({"call": name, "tuned": round(t), "tuned on cpu0": round(c), "untuned": round(u),
+                     "tuned / cpu0": round(t / c, 3), "tuned / untuned": round(t / u, 3)})
+    save_run(args.results, "benchmarks/bench_op_overhead.py", "calls", [args.threads], {"us_per_call": rows},
+             "the fixed cost of one op call, tuned (as basebn.train starts) vs MegEngine's cpu0 device vs untuned",
+             conditions=f"medians of {args.rounds} rounds, {args.calls} calls each; tuned = as basebn.train, "
+                        "untuned = MegEngine's and glibc's defaults")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ the master runs (MegEngine's dispatch and its own kernels, the C library's mallo
 the master waiting at a region's end for a worker that computes (imbalance) or is off the CPU (preempted), the
 master's own time off the CPU (step time minus its samples), and the CPU time of the Python thread and of
 MegEngine's event poller, which compete with the compute threads for the cores. Sampling makes it approximate: a
-region shorter than the sampling period can be counted as serial at its start. Results:
-results/serial_time.json.
+region shorter than the sampling period can be counted as serial at its start. ``--results FILE``
+(results/serial_time.json) appends the ms per step and two shares of the step per model: the master alone
+(serial time) and a compute thread off the CPU.
 """
 import argparse
 import bisect
@@ -29,7 +30,13 @@ import sys
 import tempfile
 import time
 
+from results_file import add_results_argument, save_run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MASTER_OFF = "master off the CPU (waits for Python's next op, or preempted)"
+# the rows in which one of the two compute threads is off the CPU while the step runs
+OFF_CPU_ROWS = ("master computes, worker off the CPU (preempted, or asleep after its spin)",
+                "master waits, worker off the CPU (preempted or asleep)", MASTER_OFF)
 
 WORKER = r'''
 import os, sys, time
@@ -157,13 +164,15 @@ def main():
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--freq", type=int, default=999)
     ap.add_argument("--detail", type=int, default=0, help="also list the N symbols with most serial time")
+    add_results_argument(ap)
     args = ap.parse_args()
+    figures = {"step_ms": {}, "ms_per_step": {}, "master_alone_share": {}, "thread_off_cpu_share": {}}
     if shutil.which("perf") is None:
         raise SystemExit("perf is not installed (apt-get install linux-perf)")
     for model in args.models:
         step_ms, rows, symbols = run_model(model, args.threads, args.seconds, args.freq)
         master_on = sum(ms for name, ms in rows.items() if not name.endswith(" CPU"))
-        rows["master off the CPU (waits for Python's next op, or preempted)"] = max(0.0, step_ms - master_on)
+        rows[MASTER_OFF] = max(0.0, step_ms - master_on)
         print(f"\n{model}, {args.threads} threads: step median {step_ms:.1f} ms; ms per step (approximate):")
         for name, ms in sorted(rows.items(), key=lambda kv: -kv[1]):
             print(f"  {name:58} {ms:7.1f}")
@@ -171,6 +180,19 @@ def main():
             print("  serial time by symbol:")
             for name, ms in symbols[:args.detail]:
                 print(f"    {name:96} {ms:6.2f}")
+        for key, value in model_figures(step_ms, rows).items():
+            figures[key][model] = value
+    save_run(args.results, "benchmarks/bench_serial_time.py", "serial", [args.threads], figures,
+             "where the second core waits: perf samples of both OpenMP threads, matched in time (2 threads)",
+             conditions=f"perf at {args.freq} Hz over {args.seconds:g} s per model")
+
+
+def model_figures(step_ms, rows):
+    """One model's figures: the step's median ms, the ms per step of each row, the share of the step the master
+    runs alone (every "serial: " row) and the share a compute thread is off the CPU (OFF_CPU_ROWS)."""
+    return {"step_ms": round(step_ms, 1), "ms_per_step": {k: round(v, 2) for k, v in rows.items()},
+            "master_alone_share": round(sum(v for k, v in rows.items() if k.startswith("serial: ")) / step_ms, 3),
+            "thread_off_cpu_share": round(sum(rows.get(k, 0.0) for k in OFF_CPU_ROWS) / step_ms, 3)}
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ parameters and biases: param_groups) from fixed random gradients. The MegEngine 
 A B then B A, each time ending with a value read back (queued work included); MegEngine's ops are single-threaded,
 so its rows do not depend on --threads. PyTorch (``--torch-python``: a python with torch) runs in its own process
 with the same parameter shapes and torch.set_num_threads, after the MegEngine rounds. Prints medians (ms) and ratios
-to PyTorch's time. Why the update stays on MegEngine's ops: results/sgd.json.
+to PyTorch's time; ``--results FILE`` (results/sgd.json) appends them. Why the update stays on MegEngine's ops:
+results/sgd.json.
 """
 import argparse
 import json
@@ -30,6 +31,7 @@ from basebn.cli import quiet_device_probe  # noqa: E402
 from basebn.engine.optimizer import InplaceSGD, param_groups  # noqa: E402
 from basebn.models import build_model  # noqa: E402
 from basebn.utils.cpu_runtime import use_inline_cpu_device  # noqa: E402
+from results_file import add_results_argument, save_run  # noqa: E402
 
 MODELS = {"resnet18": dict(num_classes=1000, in_channels=3, stem="imagenet"),
           "resnet20": dict(num_classes=10, in_channels=1), "mbnetv2_x100": dict(num_classes=1000, in_channels=3)}
@@ -92,7 +94,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--torch-python", help="a python with torch (PyTorch's SGD is skipped without it)")
+    add_results_argument(ap)
     args = ap.parse_args()
+    figures = {"ms": {"columns": list(RUNNERS) + ["torch.optim.SGD (foreach)"]}}
     quiet_device_probe()
     use_inline_cpu_device(omp_spin=True)
     print("model     thr  params      " + "  ".join(f"{n:>18}" for n in RUNNERS + ("PyTorch SGD",)))
@@ -122,6 +126,15 @@ def main():
             cells.append(f"{torch_ms:8.2f} ms" if torch_ms else "-")
             n_params = sum(int(np.prod(s)) for s in shapes)
             print(f"{key:9} {threads:3}  {n_params:>9}   " + "  ".join(f"{c:>18}" for c in cells), flush=True)
+            figures["ms"].setdefault(key, {})[str(threads)] = [round(med[n], 2) for n in runners] + \
+                ([round(torch_ms, 2)] if torch_ms else [])
+            if torch_ms:
+                figures.setdefault("inplace_over_torch", {}).setdefault(key, {})[str(threads)] = \
+                    round(med[RUNNERS[0]] / torch_ms, 3)
+    save_run(args.results, "benchmarks/bench_sgd.py", "sgd", args.threads, figures,
+             "the SGD update over every parameter (momentum 0.9, weight decay): basebn's InplaceSGD vs MegEngine's "
+             "SGD vs PyTorch's", conditions=f"medians of {args.rounds} rounds of {args.reps} steps",
+             torch_python=args.torch_python)
 
 
 if __name__ == "__main__":

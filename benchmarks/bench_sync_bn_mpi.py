@@ -1,6 +1,7 @@
 """SyncBatchNorm overhead on CPU over MPI: a training step of a small ResNet-like net.
 
-    python benchmarks/bench_sync_bn_mpi.py [--nprocs 2] [--batch 16] [--size 16] [--steps 30]
+    python benchmarks/bench_sync_bn_mpi.py [--nprocs 2] [--batch 64 16] [--size 32 16] [--steps 30]
+        [--results results/sync_bn_mpi.json]
 
 relaunches itself under ``mpiexec -n NPROCS`` (or run it under mpiexec directly). Each rank runs
 forward + backward + gradient all-reduce (one packed ``basebn.distributed.all_reduce_sum``, like the
@@ -11,8 +12,12 @@ trainer) + SGD step on its own batch, for three norm layers:
   (bn_ops, the packed buffers, the numpy round trip) but no cross-rank traffic;
 * ``syncbn``      basebn SyncBatchNorm over all ranks.
 
-Prints the median step time of each (rank 0's clock; every step starts after a barrier) and the
-overhead ratios syncbn / bn and syncbn / syncbn_self. ``--json PATH`` also writes them.
+Each (batch, size) pair of ``--batch`` / ``--size`` is one configuration, measured in turn. Prints the median
+step time of each (rank 0's clock; every step starts after a barrier) and the overhead ratios syncbn / bn and
+syncbn / syncbn_self. ``--json PATH`` also writes them (a list, one entry per configuration). ``--results FILE``
+(results/sync_bn_mpi.json) appends them: ``syncbn_over_local`` (syncbn / bn) of the configuration with the most
+values per rank, ``syncbn_over_local_latency_bound`` of the one with the fewest (small batches, where the
+per-layer collectives' latency dominates), given two or more.
 """
 import argparse
 import json
@@ -23,6 +28,8 @@ import time
 
 import numpy as np
 
+from results_file import add_results_argument, save_run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -31,13 +38,17 @@ if ROOT not in sys.path:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nprocs", type=int, default=2)
-    p.add_argument("--batch", type=int, default=16, help="images per rank")
-    p.add_argument("--size", type=int, default=16, help="image height = width")
+    p.add_argument("--batch", type=int, nargs="+", default=[64, 16], help="images per rank, per configuration")
+    p.add_argument("--size", type=int, nargs="+", default=[32, 16], help="image height = width, per configuration")
     p.add_argument("--width", type=int, default=16, help="channels of the first stage")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--json", default=None)
-    return p.parse_args(argv)
+    add_results_argument(p)
+    args = p.parse_args(argv)
+    if len(args.batch) != len(args.size):
+        p.error(f"--batch has {len(args.batch)} values and --size {len(args.size)}: give one size per batch")
+    return args
 
 
 def relaunch(args):
@@ -92,7 +103,7 @@ def build_net(norm, width):
     return Net()
 
 
-def bench(kind, args, dist, rank):
+def bench(kind, args, batch, size, dist, rank):
     import megengine as mge
     import megengine.functional as F
     import megengine.module as M
@@ -123,8 +134,8 @@ def bench(kind, args, dist, rank):
 
     times, colls = [], []
     for step in range(args.warmup + args.steps):
-        x = mge.tensor(rng.randn(args.batch, 3, args.size, args.size).astype(np.float32))
-        y = mge.tensor(rng.randint(0, 10, args.batch).astype(np.int32))
+        x = mge.tensor(rng.randn(batch, 3, size, size).astype(np.float32))
+        y = mge.tensor(rng.randint(0, 10, batch).astype(np.int32))
         dist.barrier()
         t0 = time.perf_counter()
         with dist.count_collectives() as c:
@@ -156,25 +167,48 @@ def main():
 
     dist.init("auto")
     rank, world = dist.get_rank(), dist.get_world_size()
-    results = {}
-    for kind in ("bn", "syncbn_self", "syncbn"):
-        results[kind] = bench(kind, args, dist, rank)
-    if rank == 0:
+    configs = []
+    for batch, size in zip(args.batch, args.size):
+        results = {kind: bench(kind, args, batch, size, dist, rank) for kind in ("bn", "syncbn_self", "syncbn")}
         bn, local, sync = (results[k]["median_s"] for k in ("bn", "syncbn_self", "syncbn"))
-        print(f"SyncBN over MPI: {world} ranks, backend {dist.backend()}, batch {args.batch}/rank, "
-              f"{args.size}x{args.size}, width {args.width}, {args.steps} steps "
-              f"({results['syncbn']['bn_layers']} BN layers)")
-        for k, r in results.items():
-            print(f"  {k:12s} median {1e3 * r['median_s']:8.2f} ms  (p10 {1e3 * r['p10_s']:.2f}, "
-                  f"p90 {1e3 * r['p90_s']:.2f})  collectives/step {r['collectives_per_step']}")
-        print(f"  overhead syncbn / bn          = {sync / bn:.3f}x")
-        print(f"  overhead syncbn / syncbn_self = {sync / local:.3f}x (cross-rank traffic only)")
+        configs.append(dict(results, world=world, batch=batch, size=size, width=args.width, steps=args.steps,
+                            ratio_syncbn_bn=sync / bn, ratio_syncbn_self=sync / local))
+        if rank == 0:
+            print(f"SyncBN over MPI: {world} ranks, backend {dist.backend()}, batch {batch}/rank, "
+                  f"{size}x{size}, width {args.width}, {args.steps} steps "
+                  f"({results['syncbn']['bn_layers']} BN layers)")
+            for k, r in results.items():
+                print(f"  {k:12s} median {1e3 * r['median_s']:8.2f} ms  (p10 {1e3 * r['p10_s']:.2f}, "
+                      f"p90 {1e3 * r['p90_s']:.2f})  collectives/step {r['collectives_per_step']}")
+            print(f"  overhead syncbn / bn          = {sync / bn:.3f}x")
+            print(f"  overhead syncbn / syncbn_self = {sync / local:.3f}x (cross-rank traffic only)", flush=True)
+    if rank == 0:
         if args.json:
-            out = dict(results, world=world, batch=args.batch, size=args.size, width=args.width,
-                       steps=args.steps, ratio_syncbn_bn=sync / bn, ratio_syncbn_self=sync / local)
             with open(args.json, "w") as f:
-                json.dump(out, f, indent=2)
+                json.dump(configs, f, indent=2)
+        save_run(args.results, "benchmarks/bench_sync_bn_mpi.py", "mpi",
+                 [int(os.environ.get("OMP_NUM_THREADS", "1") or 1)], results_figures(configs),
+                 "a SyncBN training step over 2 MPI ranks vs local BN",
+                 conditions=f"{world} MPI ranks on {os.cpu_count()} cores; a small ResNet, width {args.width}")
     dist.barrier()
+
+
+def results_figures(configs):
+    """results/sync_bn_mpi.json's layout from the per-configuration results: ms per step of each norm per
+    configuration ("BxS": batch x size), syncbn_over_local of the configuration with the most values per rank and,
+    with two or more, syncbn_over_local_latency_bound of the one with the fewest."""
+    def values(c):
+        return c["batch"] * c["size"] ** 2
+
+    figures = {"ms_per_step": {f"{c['batch']}x{c['size']}": {k: round(1e3 * c[k]["median_s"], 2)
+                                                             for k in ("bn", "syncbn_self", "syncbn")}
+                               for c in configs},
+               "collectives_per_step": {f"{c['batch']}x{c['size']}": c["syncbn"]["collectives_per_step"]
+                                        for c in configs}}
+    figures["syncbn_over_local"] = round(max(configs, key=values)["ratio_syncbn_bn"], 3)
+    if len(configs) > 1:
+        figures["syncbn_over_local_latency_bound"] = round(min(configs, key=values)["ratio_syncbn_bn"], 3)
+    return figures
 
 
 if __name__ == "__main__":

@@ -18,15 +18,15 @@ thread count (OMP/MKL/OpenBLAS/BASEBN_NUM_THREADS and torch.set_num_threads):
   library-inplace as library, with basebn.engine.optimizer.InplaceSGD (same arguments) for MegEngine's SGD
   basebn-poller   as basebn, but MegEngine's event poller keeps its priority (lower_event_poller_priority skipped)
   basebn-passive  as basebn, but with OMP_WAIT_POLICY=PASSIVE in its environment (no GOMP_SPINCOUNT from
-          use_inline_cpu_device: the OpenMP worker sleeps after every parallel region, the default before)
+          use_inline_cpu_device: the OpenMP worker sleeps after every parallel region)
   basebn-mmap     as basebn, but with MALLOC_MMAP_MAX_=65536 in its environment: glibc maps blocks over 32 MiB on
-          their own again and unmaps them when freed (tune_cpu_runtime keeps a user's value), so they are faulted
-          in afresh each step (the rule before tune_cpu_runtime kept large blocks in the heap)
+          their own and unmaps them when freed (tune_cpu_runtime keeps a user's value), so they are faulted
+          in afresh each step (glibc's default; tune_cpu_runtime keeps large blocks in the heap)
   basebn-blocked  as basebn, but with BASEBN_CONV_PLAIN_1X1=0 and BASEBN_CONV_DEPTHWISE=0 in its environment:
           every conv on oneDNN's blocked kernels behind NCHW <-> blocked reorders, the pointwise and depthwise ones
-          too (as before the NCHW kernels)
+          too (no NCHW kernels)
   basebn-portable as basebn, but with BASEBN_KERNEL_PORTABLE=1 in its environment: the kernel library built
-          without -mavx2 (SSE2 vectors) on a CPU with AVX2, as before the AVX2 build
+          without -mavx2 (SSE2 vectors) on a CPU with AVX2
   basebn-untuned  the same with MegEngine's and glibc's default device (cpu0), worker spin and malloc settings
           (BASEBN_TUNE_CPU=0: ``import basebn`` leaves them alone)
   basebn-cpu0     tuned, but on MegEngine's cpu0 device (its kernels on a dispatcher thread) instead of cpu:default
@@ -73,6 +73,8 @@ from megengine.utils.profiler import Profiler
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+if os.path.join(ROOT, "benchmarks") not in sys.path:  # results_file, also when imported as benchmarks.bench_train_step
+    sys.path.append(os.path.join(ROOT, "benchmarks"))
 
 import basebn  # noqa: E402
 import basebn.layers.conv as conv_module  # noqa: E402

@@ -3,15 +3,18 @@
 A results file holds ``runs`` (every run, oldest first, none ever removed) and ``rows`` (which figure of which run
 the pages show: scripts/make_figures.py renders them into README.md and docs/figures.md). A run record says where and
 when it was measured: the host's CPU model and vector flags, its cores, the thread counts, the MegEngine (and
-PyTorch, where compared) versions, the commit and the date. ``--results FILE`` is the option every benchmark that
-writes one takes (``add_results_argument``); the benchmark builds its ``figures`` dict and calls ``append_run``.
+PyTorch, where compared) versions, the commit and the date. ``--results FILE`` is the option every timing
+benchmark takes (``add_results_argument``); the benchmark builds its ``figures`` dict, in the layout its results
+file's rows read, and calls ``save_run`` (or ``run_record`` + ``append_run``).
 """
 import argparse
 import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
+import sys
 import tempfile
 from importlib import metadata
 
@@ -101,6 +104,15 @@ def version_in(python, package):
     return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
+def default_threads():
+    """[the thread count OpenMP and MegEngine take in this process]: $OMP_NUM_THREADS, else the usable cores; for a
+    benchmark that does not set its threads itself."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return [int(value)]
+    return [len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()]
+
+
 def run_record(kind, command, threads, figures, conditions=None, torch_version=None, run_id=None, now=None):
     """One run: ``kind`` names what the rows select (the last run of a kind is the current figure), ``figures``
     is the benchmark's own nested dict of numbers."""
@@ -148,3 +160,15 @@ def append_run(path, record, benchmark, what):
         raise
     print(f"results: run {record['id']} appended to {path}; `make figures` updates the pages")
     return data
+
+
+def save_run(path, script, kind, threads, figures, what, conditions=None, torch_python=None, argv=None):
+    """Appends one run of ``script`` (e.g. "benchmarks/bench_ema.py", its command line from ``argv``, else
+    sys.argv) to the results file at ``path``; does nothing when ``path`` is None (no ``--results`` given).
+    ``torch_python``: the Python whose torch version the record names. Returns the file's data, or None."""
+    if not path:
+        return None
+    command = shlex.join([script] + list(sys.argv[1:] if argv is None else argv))
+    torch_version = version_in(torch_python, "torch") if torch_python else None
+    record = run_record(kind, command, threads, figures, conditions=conditions, torch_version=torch_version)
+    return append_run(path, record, script, what)

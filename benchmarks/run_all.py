@@ -1,6 +1,13 @@
-"""Run every timing script, benchmarks/bench_*.py, one after another (`make bench`); each prints its own table.
+"""Run every timing script, benchmarks/bench_*.py, one after another (`make bench`); each prints its own table and
+appends its run to its results file, then `make figures` regenerates the pages from them.
 
-    .venv/bin/python benchmarks/run_all.py [--torch-python PY] [--skip NAME ...] [--only NAME ...]
+    .venv/bin/python benchmarks/run_all.py [--torch-python PY] [--skip NAME ...] [--only NAME ...] [--no-results]
+
+Each script gets ``--results results/NAME.json``, its file under results/ (RESULTS_FILES names those not called
+after the script); a script whose file is not there yet (bench_deploy) runs without it, since a new results file
+needs its rows and section written before `make figures` can show it. RUN_ARGS adds the options whose run is the
+kind its file's rows read (bench_train_step's ``--same-window``; bench_bn_ops's activations). ``--no-results``
+leaves the files as they are.
 
 The scripts are found by name (bench_*.py), so a new one runs without being listed here. Three compare against
 PyTorch and cannot run without it (NEEDS_TORCH: bench_bn_vs_torch, bench_linear, bench_max_pool): they run when
@@ -18,8 +25,13 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(os.path.dirname(HERE), "results")
 NEEDS_TORCH = ("bench_bn_vs_torch.py", "bench_linear.py", "bench_max_pool.py")  # --torch-python is required
 TORCH_OPTIONAL = ("bench_activation_memory.py", "bench_conv_backends.py", "bench_sgd.py", "bench_train_step.py")
+# results files not named after their script (bench_NAME.py -> results/NAME.json otherwise)
+RESULTS_FILES = {"bench_bn_ops.py": "bn_ops_fused.json", "bench_omp_wake.py": "omp_spin.json"}
+# options that make a run the kind its results file's rows read
+RUN_ARGS = {"bench_train_step.py": ["--same-window"], "bench_bn_ops.py": ["--acts", "silu", "hswish", "relu"]}
 
 
 def timing_scripts():
@@ -27,12 +39,22 @@ def timing_scripts():
     return sorted(os.path.basename(p) for p in glob.glob(os.path.join(HERE, "bench_*.py")))
 
 
-def command(name, torch_python):
-    """The command line that runs ``name``, or None when it cannot run here (it needs PyTorch)."""
-    cmd = [sys.executable, os.path.join(HERE, name)]
+def results_file(name, folder=RESULTS):
+    """results/<file> of the script ``name`` (a path relative to the repository), or None when it has none yet."""
+    file = RESULTS_FILES.get(name, name[len("bench_"):-len(".py")] + ".json")
+    return os.path.join("results", file) if os.path.isfile(os.path.join(folder, file)) else None
+
+
+def command(name, torch_python, results=True):
+    """The command line that runs ``name`` (with ``--results`` its results file, when it has one), or None when it
+    cannot run here (it needs PyTorch)."""
+    if name in NEEDS_TORCH and not torch_python:
+        return None
+    cmd = [sys.executable, os.path.join(HERE, name)] + RUN_ARGS.get(name, [])
     if name in NEEDS_TORCH + TORCH_OPTIONAL and torch_python:
-        return cmd + ["--torch-python", torch_python]
-    return None if name in NEEDS_TORCH else cmd
+        cmd += ["--torch-python", torch_python]
+    path = results_file(name) if results else None
+    return cmd + ["--results", path] if path else cmd
 
 
 def main():
@@ -40,6 +62,7 @@ def main():
     p.add_argument("--torch-python", help="a Python with torch, for the scripts that compare against PyTorch")
     p.add_argument("--skip", nargs="*", default=[], help="benchmark file names (or stems) to leave out")
     p.add_argument("--only", nargs="*", default=[], help="run only these (file names or stems)")
+    p.add_argument("--no-results", action="store_true", help="append nothing to the results files")
     args = p.parse_args()
     names = lambda given: {s if s.endswith(".py") else s + ".py" for s in given}  # noqa: E731
     skip, only = names(args.skip), names(args.only)
@@ -47,7 +70,7 @@ def main():
     for name in timing_scripts():
         if name in skip or (only and name not in only):
             continue
-        cmd = command(name, args.torch_python)
+        cmd = command(name, args.torch_python, results=not args.no_results)
         if cmd is None:
             skipped.append(name)
             continue
@@ -61,6 +84,8 @@ def main():
         print("skipped (no --torch-python): " + ", ".join(skipped), file=sys.stderr)
     if failed:
         print("failed: " + ", ".join(failed), file=sys.stderr)
+    if not args.no_results:
+        print("the runs are in results/*.json: `make figures` regenerates README.md's and docs/figures.md's tables")
     return 1 if failed else 0
 
 

@@ -1,13 +1,14 @@
 """The committed pages agree with the results files: the README's headline table and docs/figures.md's tables are
 what scripts/make_figures.py generates from results/*.json (generated to strings and compared; nothing written).
-Also: every results file records where and when each run was measured, and the shared writer of
-benchmarks/results_file.py appends runs without losing earlier ones."""
+Also: every results file records where and when each run was measured, the shared writer of
+benchmarks/results_file.py appends runs without losing earlier ones, and every timing script takes its --results."""
 import argparse
 import copy
 import importlib.util
 import json
 import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -160,3 +161,45 @@ def test_a_new_training_step_run_becomes_the_pages_figure(bench_train_step, resu
     assert (text, run["id"]) == ("0.60×", "new")
     text, run = shown["ResNet-20: 1 → 2-thread speed-up, basebn's / PyTorch's, paired per round (95% interval)"]
     assert (text, run["id"]) == ("0.900 (0.80–1.10)", "new")
+
+
+TIMING_SCRIPTS = sorted(os.path.join("benchmarks", n) for n in os.listdir(os.path.join(ROOT, "benchmarks"))
+                        if n.startswith("bench_") and n.endswith(".py")) + [os.path.join("benchmarks", "cuda",
+                                                                                          "run_harness.py")]
+# runs each script as __main__ with `--results <a folder>`: results_file's check refuses it while the arguments are
+# parsed, before anything is measured; prints {script: [exit code, the end of its stderr]}
+_PARSE_ONLY = r'''
+import contextlib, io, json, os, runpy, sys
+root, folder, scripts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+sys.path[:0] = [root, os.path.join(root, "benchmarks")]
+out = {}
+for script in scripts:
+    sys.argv = [script, "--results", folder]
+    err, code = io.StringIO(), None
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            runpy.run_path(os.path.join(root, script), run_name="__main__")
+        except SystemExit as e:
+            code = e.code
+    out[script] = [code, err.getvalue()[-300:]]
+print("@@" + json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def parsed_results_option(tmp_path_factory):
+    """What every timing script says to ``--results FOLDER``: one interpreter parses them all (no timing runs)."""
+    env = dict(os.environ, BASEBN_TUNE_CPU="0")
+    proc = subprocess.run([sys.executable, "-c", _PARSE_ONLY, ROOT, str(tmp_path_factory.mktemp("results")),
+                           json.dumps(TIMING_SCRIPTS)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("@@")), None)
+    assert line, proc.stderr[-2000:]
+    return json.loads(line[2:])
+
+
+@pytest.mark.parametrize("script", TIMING_SCRIPTS)
+def test_every_timing_script_takes_the_shared_results_option(parsed_results_option, script):
+    """Each timing script has ``--results FILE`` from benchmarks/results_file.py: given a folder, its argument
+    parsing stops with results_file's one-line refusal (exit 2), so the option is the shared one."""
+    code, err = parsed_results_option[script]
+    assert code == 2 and "argument --results" in err and "is a folder" in err, (script, code, err)

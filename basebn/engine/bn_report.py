@@ -9,21 +9,33 @@ precise BN's (:func:`basebn.layers.collect_bn_population_stats`) on training sam
 its mean shift or ``|variance ratio - 1|`` exceeds ``DRIFT_THRESHOLD`` (5%).
 """
 import json
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 import numpy as np
+
+import megengine.module as M
 
 from ..layers.precise_bn import collect_bn_population_stats
 
 __all__ = ["DEAD_GAMMA", "DRIFT_THRESHOLD", "bn_prefixes", "static_health", "population_drift", "ema_drift",
            "build_report", "verdict", "format_table", "report_json", "plot_report"]
 
-DEAD_GAMMA = 1e-3  # |gamma| below this: a dead channel
+DEAD_GAMMA = 1e-3
+"""A channel whose BN weight (gamma) is below this in absolute value is dead."""
 DRIFT_THRESHOLD = 0.05
+"""A layer drifts when its mean shift or ``|variance ratio - 1|`` exceeds this."""
 _BUFFERS = ("weight", "bias", "running_mean", "running_var")
 
 
-def bn_prefixes(state):
-    """Layer names NAME of a state dict holding both NAME.running_mean and NAME.running_var, in key order."""
+def bn_prefixes(state: Mapping[str, Any]) -> List[str]:
+    """The BN layers of a state dict.
+
+    Args:
+        state: a state dict (name -> array).
+
+    Returns:
+        The layer names NAME for which `state` holds both NAME.running_mean and NAME.running_var, in key order.
+    """
     names = [k[:-len(".running_mean")] for k in state if k.endswith(".running_mean")]
     return [n for n in names if f"{n}.running_var" in state]
 
@@ -33,10 +45,19 @@ def _flat(state, key):
     return None if v is None else np.asarray(v, dtype=np.float64).ravel()
 
 
-def static_health(state, eps=None):
-    """Per BN layer of ``state``: ``{"name", "channels", "dead": [channel indices], "non_finite": {buffer:
-    count}}``. A channel is dead when ``|gamma| < DEAD_GAMMA`` or its running variance ``< eps``
-    (``eps``: {name: eps} or one number; default 1e-5)."""
+def static_health(state: Mapping[str, Any], eps: Union[None, float, Dict[str, float]] = None
+                  ) -> List[Dict[str, Any]]:
+    """The checks that need no model and no data: dead channels and non-finite buffers per BN layer.
+
+    A channel is dead when ``|gamma| < DEAD_GAMMA`` or its running variance ``< eps``.
+
+    Args:
+        state: a state dict (name -> array).
+        eps: the layers' BN eps: ``{layer name: eps}`` or one number (default 1e-5).
+
+    Returns:
+        One ``{"name", "channels", "dead": [channel indices], "non_finite": {buffer: count}}`` per BN layer.
+    """
     rows = []
     for name in bn_prefixes(state):
         layer_eps = eps.get(name, 1e-5) if isinstance(eps, dict) else (1e-5 if eps is None else float(eps))
@@ -62,9 +83,18 @@ def _shift_and_ratio(mean_a, var_a, mean_ref, var_ref):
     return float(np.mean(shift)), float(np.mean(np.asarray(var_a, dtype=np.float64) / var_ref))
 
 
-def population_drift(model, loader, num_samples):
-    """{layer name: {"mean_shift", "var_ratio", "samples"}}: ``model``'s running statistics against the
-    population statistics of ``num_samples`` samples of ``loader`` (precise BN's pass; writes nothing)."""
+def population_drift(model: M.Module, loader: Iterable, num_samples: int) -> Dict[str, Dict[str, float]]:
+    """``model``'s running statistics against the population statistics of training samples (precise BN's
+    pass; writes nothing).
+
+    Args:
+        model: the model with its trained BN layers.
+        loader: batches of training images (as precise BN reads them).
+        num_samples: how many samples the population statistics are over.
+
+    Returns:
+        ``{layer name: {"mean_shift", "var_ratio", "count"}}``.
+    """
     pop = collect_bn_population_stats(model, loader, num_samples)
     modules = dict(model.named_modules())
     out = {}
@@ -75,9 +105,17 @@ def population_drift(model, loader, num_samples):
     return out
 
 
-def ema_drift(model_state, ema_state):
-    """{layer name: {"mean_shift", "var_ratio", "gamma_rel"}}: the model's running statistics against the EMA's
-    (EMA as the reference) and the relative L2 distance of gamma, per BN layer in both."""
+def ema_drift(model_state: Mapping[str, Any], ema_state: Mapping[str, Any]) -> Dict[str, Dict[str, float]]:
+    """The model's running statistics against the EMA's (the EMA as the reference), per BN layer in both.
+
+    Args:
+        model_state: the model's state dict.
+        ema_state: the EMA's state dict.
+
+    Returns:
+        ``{layer name: {"mean_shift", "var_ratio", "gamma_rel"}}``; ``gamma_rel`` (the relative L2 distance of
+        gamma) where both hold a weight of the same shape.
+    """
     out = {}
     for name in bn_prefixes(model_state):
         if f"{name}.running_mean" not in ema_state or f"{name}.running_var" not in ema_state:
@@ -98,9 +136,22 @@ def _drifts(row):
     return row["mean_shift"] > DRIFT_THRESHOLD or abs(row["var_ratio"] - 1.0) > DRIFT_THRESHOLD
 
 
-def build_report(state, eps=None, population=None, ema=None, source=""):
-    """The report dict: ``layers`` (static health, with ``population`` / ``ema`` drift rows merged in by
-    name when given), ``summary`` counts and ``verdict`` lines."""
+def build_report(state: Mapping[str, Any], eps: Union[None, float, Dict[str, float]] = None,
+                 population: Optional[Dict[str, Dict[str, float]]] = None,
+                 ema: Optional[Dict[str, Dict[str, float]]] = None, source: str = "") -> Dict[str, Any]:
+    """The BN health report of a state dict.
+
+    Args:
+        state: the state dict (name -> array) of the weights checked.
+        eps: the layers' BN eps, as :func:`static_health` takes it.
+        population: :func:`population_drift`'s rows, or None when not checked.
+        ema: :func:`ema_drift`'s rows, or None when not checked.
+        source: where the weights came from, shown in the report.
+
+    Returns:
+        The report dict: ``layers`` (static health, with the ``population`` / ``ema`` drift rows merged in by
+        name when given), ``summary`` counts and ``verdict`` lines.
+    """
     layers = static_health(state, eps)
     for row in layers:
         if population is not None and row["name"] in population:
@@ -122,8 +173,15 @@ def build_report(state, eps=None, population=None, ema=None, source=""):
     return report
 
 
-def verdict(report):
-    """Verdict lines of a report, the most serious first; the last one is about precise BN."""
+def verdict(report: Dict[str, Any]) -> List[str]:
+    """The verdict of a report.
+
+    Args:
+        report: a :func:`build_report` dict (its ``summary`` is read).
+
+    Returns:
+        Verdict lines, the most serious first; the last one is about precise BN.
+    """
     s, lines = report["summary"], []
     pct = f"{100 * DRIFT_THRESHOLD:g}%"
     if s["layers_non_finite"]:
@@ -146,8 +204,15 @@ def verdict(report):
     return lines
 
 
-def format_table(report):
-    """The report as text: one row per BN layer, then the verdict lines."""
+def format_table(report: Dict[str, Any]) -> str:
+    """The report as text.
+
+    Args:
+        report: a :func:`build_report` dict.
+
+    Returns:
+        One row per BN layer, then the verdict lines.
+    """
     head = f"{'layer':<40} {'C':>5} {'dead':>5} {'non-finite':>12} {'mean shift':>11} {'var ratio':>10}"
     if report["ema_checked"]:
         head += f" {'EMA shift':>10} {'EMA var':>8}"
@@ -164,8 +229,15 @@ def format_table(report):
     return "\n".join(lines + report["verdict"])
 
 
-def report_json(report):
-    """The report as one JSON string (NaN/inf written as strings)."""
+def report_json(report: Dict[str, Any]) -> str:
+    """The report as one JSON string.
+
+    Args:
+        report: a :func:`build_report` dict.
+
+    Returns:
+        Its JSON text, NaN and inf written as strings.
+    """
     def clean(v):
         if isinstance(v, float) and not np.isfinite(v):
             return str(v)
@@ -178,9 +250,18 @@ def report_json(report):
     return json.dumps(clean(report))
 
 
-def plot_report(report, path, pyplot):
-    """Bars per BN layer (population mean shift and variance ratio - 1, EMA's when checked; dead channels)
-    drawn with the matplotlib ``pyplot`` module given, saved to ``path``; returns the path."""
+def plot_report(report: Dict[str, Any], path: str, pyplot: Any) -> str:
+    """Bars per BN layer: population mean shift and variance ratio - 1 (the EMA's too when checked), and dead
+    channels.
+
+    Args:
+        report: a :func:`build_report` dict.
+        path: the image file to write.
+        pyplot: the ``matplotlib.pyplot`` module to draw with (matplotlib is optional, so the caller imports it).
+
+    Returns:
+        `path`.
+    """
     rows = report["layers"]
     names = [r["name"] for r in rows]
     x = np.arange(len(names))

@@ -9,9 +9,12 @@ object, never a Tensor attribute, so state dicts gain no key. A local layer's tr
 itself (:func:`in_op_update_args` says when; :func:`store_in_op_update` stores what it made): one op per layer
 and step fewer, the same bits.
 """
+from typing import Dict, List, Optional, Tuple
+
 import numpy as np
 
 import megengine as mge
+import megengine.module as M
 
 from ..ops import bn_ops
 
@@ -51,28 +54,47 @@ def _store(bn, new_mean, new_var, new_bad, counted):
         bn.num_batches_tracked = getattr(bn, "num_batches_tracked", 0) + 1
 
 
-def in_op_update_args(bn):
-    """``(running_mean, running_var, bad, keep)`` for :func:`apply_running_update`'s update done inside the training
-    op itself (:func:`basebn.ops.bn_ops.bn_act_train_forward_update`, then :func:`store_in_op_update`), or None
-    where the batch must go through :func:`record_batch`: an active accumulation, or ``momentum=None`` (its
-    cumulative average reads on the host whether the batch counted)."""
+def in_op_update_args(bn: M.Module) -> Optional[Tuple[mge.Tensor, mge.Tensor, mge.Tensor, float]]:
+    """The inputs of :func:`apply_running_update`'s update done inside the training op itself
+    (:func:`basebn.ops.bn_ops.bn_act_train_forward_update`, then :func:`store_in_op_update`).
+
+    Args:
+        bn: a BN layer in training (running_mean, running_var, momentum).
+
+    Returns:
+        ``(running_mean, running_var, bad, keep)``: the buffers, the layer's device count of non-finite batches
+        and the momentum; None where the batch must go through :func:`record_batch`: an active accumulation, or
+        ``momentum=None`` (its cumulative average reads on the host whether the batch counted).
+    """
     if bn.__dict__.get("_bn_stats_sink") is not None or bn.momentum is None:
         return None
     return bn.running_mean, bn.running_var, _bad_count(bn), float(bn.momentum)
 
 
-def store_in_op_update(bn, new_mean, new_var, new_bad):
-    """What :func:`apply_running_update` stores, from the outputs of an update done in the training op."""
+def store_in_op_update(bn: M.Module, new_mean: mge.Tensor, new_var: mge.Tensor, new_bad: mge.Tensor) -> None:
+    """What :func:`apply_running_update` stores, from the outputs of an update done in the training op.
+
+    Args:
+        bn: the layer :func:`in_op_update_args` gave the inputs of.
+        new_mean: (C,) running mean the op computed.
+        new_var: (C,) running variance the op computed.
+        new_bad: (1,) int32 non-finite batch count the op computed.
+    """
     _store(bn, new_mean, new_var, new_bad, counted=True)
 
 
-def apply_running_update(bn, mean, var):
+def apply_running_update(bn: M.Module, mean: mge.Tensor, var: mge.Tensor) -> None:
     """``running = keep * running + (1 - keep) * batch`` unless `mean`/`var` hold a non-finite value.
 
     MegEngine's momentum convention (``keep = momentum``; ``momentum=None``: cumulative average over the
     finite batches). A non-finite batch leaves both buffers bit-identical and is counted for the layer. One
     :func:`basebn.ops.bn_ops.bn_running_update` (one kernel call on CPU); the cumulative average also reads on the host
     whether the batch counted, since only finite batches advance its count.
+
+    Args:
+        bn: a BN layer (running_mean, running_var, momentum; num_batches_tracked for ``momentum=None``).
+        mean: (C,) batch mean.
+        var: (C,) unbiased batch variance.
     """
     tracked = getattr(bn, "num_batches_tracked", 0)
     cumulative = bn.momentum is None
@@ -83,12 +105,18 @@ def apply_running_update(bn, mean, var):
     _store(bn, new_mean, new_var, new_bad, counted=not (cumulative and bool((new_bad != bad).item())))
 
 
-def record_batch(bn, mean, var, count, groups=None):
-    """A training batch's statistics for `bn`: (C,) `mean` and unbiased `var` over `count` values per
-    channel, or, when `groups` is given, the average over that many normalisation groups (ghost BN).
+def record_batch(bn: M.Module, mean: mge.Tensor, var: mge.Tensor, count: int, groups: Optional[int] = None) -> None:
+    """A training batch's statistics for `bn`.
 
     Inside :func:`basebn.layers.accumulate_bn_stats` the batch goes to the accumulation; otherwise the
     running statistics move now (:func:`apply_running_update`).
+
+    Args:
+        bn: the BN layer the batch went through.
+        mean: (C,) batch mean.
+        var: (C,) unbiased batch variance.
+        count: values per channel the statistics are over.
+        groups: when given, `mean` and `var` are the average over that many normalisation groups (ghost BN).
     """
     sink = bn.__dict__.get("_bn_stats_sink")
     if sink is not None:
@@ -97,9 +125,16 @@ def record_batch(bn, mean, var, count, groups=None):
     apply_running_update(bn, mean, var)
 
 
-def take_nonfinite_counts(model):
-    """``{layer name: batches}`` of the BN layers of `model` whose batch statistics were non-finite since
-    the last call (layers without any are left out); the counts are cleared. One host copy per layer."""
+def take_nonfinite_counts(model: M.Module) -> Dict[str, int]:
+    """Reads and clears the non-finite batch counts of `model`'s BN layers. One host copy per layer.
+
+    Args:
+        model: the model whose BN layers count.
+
+    Returns:
+        ``{layer name: batches}`` of the layers whose batch statistics were non-finite since the last call
+        (layers without any are left out).
+    """
     out = {}
     for name, m in model.named_modules():
         holder = m.__dict__.get("_nonfinite_counter")
@@ -112,26 +147,45 @@ def take_nonfinite_counts(model):
     return out
 
 
-def running_stats_layers(model):
-    """The layers of `model` whose running mean/var a snapshot covers (BN layers, MegEngine's own included)."""
+def running_stats_layers(model: M.Module) -> List[M.Module]:
+    """The layers of `model` whose running mean/var a snapshot covers (BN layers, MegEngine's own included).
+
+    Args:
+        model: the model to search.
+
+    Returns:
+        Its modules with Tensor ``running_mean`` and ``running_var`` and a ``momentum``, in module order.
+    """
     return [m for m in model.modules() if isinstance(getattr(m, "running_mean", None), mge.Tensor)
             and isinstance(getattr(m, "running_var", None), mge.Tensor) and hasattr(m, "momentum")]
 
 
-def snapshot_running_stats(model, layers=None):
-    """Handles on every running mean/var (and cumulative counter) of `model`'s BN layers (`layers`: a
-    :func:`running_stats_layers` list kept by the caller), for :func:`restore_running_stats`.
+def snapshot_running_stats(model: M.Module, layers: Optional[List[M.Module]] = None
+                           ) -> List[Tuple[M.Module, mge.Tensor, mge.Tensor, Optional[int]]]:
+    """Handles on every running mean/var (and cumulative counter) of `model`'s BN layers, for
+    :func:`restore_running_stats`.
 
     No copy and no op: every update replaces a buffer's value (``buffer[...] = new`` rebinds it; no op writes
     into a running buffer, MegEngine's BN op included), so a detached handle keeps the value it was taken of.
+
+    Args:
+        model: the model whose running statistics to keep.
+        layers: a :func:`running_stats_layers` list kept by the caller (None: found in `model` now).
+
+    Returns:
+        ``[(layer, running_mean, running_var, num_batches_tracked or None)]``, one per layer.
     """
     layers = running_stats_layers(model) if layers is None else layers
     return [(m, m.running_mean.detach(), m.running_var.detach(), getattr(m, "num_batches_tracked", None))
             for m in layers]
 
 
-def restore_running_stats(snapshot):
-    """Put back the buffers (bit-identical) and counters a :func:`snapshot_running_stats` took."""
+def restore_running_stats(snapshot: List[Tuple[M.Module, mge.Tensor, mge.Tensor, Optional[int]]]) -> None:
+    """Put back the buffers (bit-identical) and counters a :func:`snapshot_running_stats` took.
+
+    Args:
+        snapshot: what :func:`snapshot_running_stats` returned.
+    """
     for m, rm, rv, tracked in snapshot:
         m.running_mean[...] = rm
         m.running_var[...] = rv

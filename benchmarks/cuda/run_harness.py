@@ -1,4 +1,5 @@
 """python benchmarks/cuda/run_harness.py [--quick] [--no-timing] [--arch 90] [--build-dir DIR] [--json PATH]
+        [--results results/cuda_bn.json]
 
 basebn's CUDA BN kernels on a GPU without MegEngine, against PyTorch (details: benchmarks/cuda/README.md):
 1. compile: nvcc builds basebn/ops/csrc/bn_cuda_launch.cu (no MegEngine header) into a shared library, for the
@@ -16,7 +17,9 @@ basebn's CUDA BN kernels on a GPU without MegEngine, against PyTorch (details: b
    fused BN-ReLU and BN-add-ReLU vs torch's batch_norm -> relu_ (-> add) on ResNet-50's shapes.
 Error = max|kernel - reference| / max|reference|; tolerance 1e-4 (float32 outputs), 2e-3 (float16 outputs).
 Exit 0: every check passed, or skipped with the reason printed (no nvcc, no PyTorch, no GPU); 1: a compile
-or a check failed. One GPU (the current torch device; pick another with CUDA_VISIBLE_DEVICES).
+or a check failed. One GPU (the current torch device; pick another with CUDA_VISIBLE_DEVICES). ``--results FILE``
+appends a run once the checks ran on a GPU: checks_passed, and basebn / torch per layer from the CUDA-graph times
+(cudnn_ratio_56_and_larger, cudnn_ratio_28_and_smaller: min-max over the shapes of that size, both dtypes).
 """
 import argparse
 import json
@@ -31,7 +34,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+sys.path.append(os.path.dirname(HERE))  # benchmarks/: the shared results-file writer
+
 from bn_cuda_lib import COMPILE_ONLY_ARCHS, CudaBnKernels, build_library, find_nvcc  # noqa: E402
+from results_file import add_results_argument, save_run  # noqa: E402
 from shard_merge import all_reduce_sum, merge_rows, pack_row, shard_bounds  # noqa: E402
 
 try:
@@ -531,6 +537,28 @@ def act_timing_table(k, iters):
 
 
 # ------------------------------------------------------------------------------------ driver
+def results_figures(checks, timing):
+    """A run's figures in results/cuda_bn.json's layout from the check rows and the timing rows: checks_passed
+    [passed, total]; per size class (H >= 56, H <= 28), the min-max of basebn / torch CUDA-graph ms over the
+    shapes and dtypes: ``forward`` / ``backward`` (plain BN, ResNet-50's shapes), ``fused_forward`` /
+    ``fused_backward`` (BN-ReLU and BN-add-ReLU)."""
+    figures = {"checks_passed": [sum(1 for r in checks if r["ok"]), len(checks)]}
+    classes = {"cudnn_ratio_56_and_larger": lambda h: h >= 56, "cudnn_ratio_28_and_smaller": lambda h: h <= 28}
+    for key, size_class in classes.items():
+        spans = {}
+        for row in timing:
+            if row["set"] == "zoo" or len(row["shape"]) < 3 or not size_class(row["shape"][2]):
+                continue
+            prefix = "" if row["set"] == "resnet50" else "fused_"
+            for what in ("fwd", "bwd"):
+                ratio = row[f"graph_basebn_{what}_ms"] / row[f"graph_torch_{what}_ms"]
+                if ratio == ratio:  # NaN when a graph capture failed
+                    spans.setdefault(prefix + {"fwd": "forward", "bwd": "backward"}[what], []).append(ratio)
+        if spans:
+            figures[key] = {k: {"min": round(min(v), 3), "max": round(max(v), 3)} for k, v in spans.items()}
+    return figures
+
+
 def _versions(nvcc):
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     return out[-1] if out else "?"
@@ -546,6 +574,7 @@ def main(argv=None):
                    f"or {'/'.join(COMPILE_ONLY_ARCHS)} without one)")
     p.add_argument("--build-dir", default=os.path.join(tempfile.gettempdir(), "basebn_cuda_harness"))
     p.add_argument("--json", help="also write the results to this file")
+    add_results_argument(p)
     args = p.parse_args(argv)
     result = {"compile": None, "checks": [], "timing": [], "skipped": None}
 
@@ -598,6 +627,12 @@ def main(argv=None):
     print(f"\n{len(report.rows) - len(failures)}/{len(report.rows)} checks passed")
     if not args.no_timing:
         result["timing"] = timing_table(k, args.iters) + act_timing_table(k, args.iters)
+    save_run(args.results, "benchmarks/cuda/run_harness.py", "cuda", [], results_figures(report.rows,
+                                                                                      result["timing"]),
+             "the CUDA BN kernels on a GPU (standalone harness, no MegEngine) against float64 PyTorch and cuDNN",
+             conditions=f"{torch.cuda.get_device_name()}, CUDA-graph time, {args.iters} iterations per measurement; "
+                        f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}",
+             torch_python=sys.executable, argv=argv)
     return finish(1 if failures else 0)
 
 
