@@ -83,7 +83,7 @@ def _start_logging(cfg, run_dir, moved_to):
     logger.info(f"run directory {run_dir}, {dist.get_world_size()} process(es), backend {dist.backend()}")
     logger.info("config differs from the defaults in: " + json.dumps(config_diff(cfg), default=str))
     schedule = schedule_warning(cfg.solver, scaled_base_lr(cfg))
-    if schedule:
+    if schedule and dist.is_main_process():
         logger.warning(schedule)
 
 

@@ -121,12 +121,12 @@ def find_onednn():
     """The oneDNN to build the conv ops with (:class:`OneDNN`), or None.
 
     ``$BASEBN_ONEDNN_ROOT`` when set (the only place then; point it at a missing directory to build
-    without oneDNN), else ``sys.prefix`` (a venv with the pip wheels ``onednn-cpu-gomp`` and
+    without oneDNN), else ``sys.prefix`` resolved through links (a venv with the pip wheels ``onednn-cpu-gomp`` and
     ``onednn-devel-cpu-gomp``), else the user site base. A root has ``include/oneapi/dnnl/dnnl.hpp``
     and ``lib/libdnnl.so*``.
     """
     env = os.environ.get(_ENV_ONEDNN)
-    roots = [env] if env else [sys.prefix, site.getuserbase()]
+    roots = [env] if env else [os.path.realpath(sys.prefix), site.getuserbase()]  # one cache key per venv
     for root in roots:
         found = _onednn_at(root) if root else None
         if found is not None:
