@@ -17,8 +17,20 @@ quickstart: $(STAMP)
 	$(PY) -m basebn.train configs/quickstart.py output_dir=runs/quickstart --restart
 	$(PY) -m basebn.test configs/quickstart.py -w runs/quickstart
 
+# $(call run_tests,MARKS): the tests of MARKS in two steps (tests/conftest.py): all but those marked mpi or serial
+# in parallel, one pytest-xdist worker per core (TEST_WORKERS) and each file on one worker; then the mpi and serial
+# ones one at a time. Exit status: the first step's failure, else the second's (none selected counts as passing).
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+define run_tests
+	status=0; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		-m "not mpi and not serial and ($(1))" tests || status=$$?; \
+	$(PY) -m pytest -q -m "(mpi or serial) and ($(1))" tests; code=$$?; \
+	[ $$code -eq 5 ] && code=0; [ $$status -ne 0 ] && exit $$status; exit $$code
+endef
+
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not megengine_flaky and not exhaustive" tests
+	$(call run_tests,not megengine_flaky and not exhaustive)
 
 # checks MegEngine 1.13's CPU gradient bug makes unreliable (tests/models/test_model_bn_features.py)
 test-flaky: $(STAMP)
@@ -30,10 +42,11 @@ test-exhaustive: $(STAMP)
 
 # the inner loop: no mpiexec launches, no package installs, no long runs
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not mpi and not slow and not megengine_flaky and not exhaustive" tests
+	$(call run_tests,not mpi and not slow and not megengine_flaky and not exhaustive)
 
+# every timing script (benchmarks/bench_*.py); those that compare against PyTorch need TORCH_PYTHON=<python with torch>
 bench: $(STAMP)
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py $(if $(TORCH_PYTHON),--torch-python $(TORCH_PYTHON))
 
 # the README's headline table and docs/figures.md's tables, regenerated from results/*.json (standard library only)
 figures:
@@ -42,7 +55,9 @@ figures:
 # the documentation site (MkDocs, in its own venv so basebn's dependencies stay as they are): site/index.html
 DOCS_VENV := .venv-docs
 docs:
-	@[ -x $(DOCS_VENV)/bin/mkdocs ] || { python3 -m venv $(DOCS_VENV) && $(DOCS_VENV)/bin/pip install -q "mkdocs==1.6.1"; }
+	@$(DOCS_VENV)/bin/python -c "import mkdocs, mkdocstrings_handlers.python" 2>/dev/null || { \
+		{ [ -x $(DOCS_VENV)/bin/pip ] || python3 -m venv $(DOCS_VENV); } && $(DOCS_VENV)/bin/pip install -q \
+		"mkdocs==1.6.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11" "griffelib==2.4.1"; }
 	$(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
 
 clean-venv:

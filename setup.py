@@ -14,7 +14,7 @@ setup(
     packages=find_packages(include=["basebn", "basebn.*"]) + ["basebn.zoo_data", "basebn.zoo_data.configs"],
     package_dir={"basebn.zoo_data": "zoo", "basebn.zoo_data.configs": "configs"},
     include_package_data=True,
-    package_data={"basebn": ["kernels/*.cpp", "kernels/*.h", "kernels/*.cu", "kernels/*.cuh"],  # built on first use
+    package_data={"basebn.ops": ["csrc/*.cpp", "csrc/*.h", "csrc/*.cu", "csrc/*.cuh"],  # built on first use
                   "basebn.zoo_data": ["zoo.json", "README.md", "*.npz"]},
     install_requires=[
         "megengine>=1.13,<1.14",
@@ -34,6 +34,7 @@ setup(
         "mpi": ["mpi4py", "mpich"],
         "plot": ["matplotlib"],
         "deploy": DEPLOY,
-        "test": ["pytest", "mpi4py", "mpich", "matplotlib", "tensorboard"] + DEPLOY,  # tensorboard: its event reader
+        # tensorboard: its event reader; pytest-xdist: make test's parallel workers
+        "test": ["pytest", "pytest-xdist", "mpi4py", "mpich", "matplotlib", "tensorboard"] + DEPLOY,
     },
 )

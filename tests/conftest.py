@@ -1,17 +1,52 @@
+"""Fixtures shared by every test, and what `make test` runs in parallel (pytest-xdist, --dist loadfile).
+
+`make test` runs the tests in two steps: first every test but those marked ``mpi`` or ``serial`` in parallel, each
+file on one worker (its module fixtures are made once), the long files (:data:`LONG_FILES`) first so that none is
+left running alone at the end; then the MPI launches and the tests of :data:`SERIAL_TESTS` one at a time, with the
+machine's cores to themselves.
+"""
 import pytest
 
 from tests.support import ROOT
 from tests.support.cli import TINY
+from tests.support.cuda_build import NVCC, build as build_cuda
 from tests.support.mpi_launch import mpi_skip_reason
+from tests.support.shared_build import build_once
+
+# marked `serial` (node ids, or their beginnings): the file whose MPI test shares the module's planted-library build;
+# the check that orphan data workers are gone within seconds of a signal
+SERIAL_TESTS = ("tests/integration/test_selfcheck_fallback.py::",
+                "tests/integration/test_data_workers_cli.py::test_no_orphan_workers_when_the_trainer_is_stopped")
+# the files that take minutes (nvcc and C++ builds, many CLI runs): started first in the parallel step
+LONG_FILES = ("tests/layers/test_kernels_cuda_compile.py", "tests/tools/test_cuda_harness.py",
+              "tests/layers/test_conv_dnnl.py", "tests/integration/test_train_cli.py")
 
 
-def pytest_collection_modifyitems(items):
-    """Tests marked `mpi` skip, with the reason, where mpi4py or mpiexec is missing."""
+def _file(item):
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m reads the marks
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `mpi` skip, with the reason, where mpi4py or mpiexec is missing; the tests of SERIAL_TESTS are
+    marked `serial`; under pytest-xdist the long files go first."""
     reason = mpi_skip_reason()
-    if reason:
-        for item in items:
-            if "mpi" in item.keywords:
-                item.add_marker(pytest.mark.skip(reason=reason))
+    for item in items:
+        if reason and "mpi" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason))
+        if item.nodeid.startswith(SERIAL_TESTS):
+            item.add_marker(pytest.mark.serial)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the collection its controller hands out
+        items.sort(key=lambda item: _file(item) not in LONG_FILES)  # (a stable sort: the order within is kept)
+
+
+@pytest.fixture(scope="session")
+def cuda_build(tmp_path_factory):
+    """The CUDA sources compiled once for this run, every architecture in one nvcc call per source
+    (tests/support/cuda_build.py); skips where nvcc is missing."""
+    if NVCC is None:
+        pytest.skip("nvcc not found on PATH: CUDA compile check skipped")
+    return build_once(tmp_path_factory, "cuda_build", build_cuda)
 
 
 @pytest.fixture

@@ -337,34 +337,52 @@ print("RESULT", bn_ops.backend(), kernel_library.conv_kernel_available(), float(
 """
 
 
-@pytest.mark.slow
-def test_missing_onednn_builds_bn_only_library():
-    """$BASEBN_ONEDNN_ROOT at a missing directory: the BN kernels still load, the conv falls back and says why.
-    (Slow on a cold cache: it compiles the BN-only library; 2 s when that is cached.)"""
-    env = dict(os.environ, BASEBN_ONEDNN_ROOT=os.path.join(ROOT, "no-such-onednn"), BASEBN_CONV_BACKEND="auto",
-               PYTHONPATH=ROOT)
+def _probe(env):
+    """PROBE's RESULT fields in a fresh process with ``env``, and its stderr."""
     res = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
-    line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")][-1].split(" ", 4)
-    assert line[1:4] == ["kernel", "False", "18.0"]  # 2 channels x 9 taps of ones
-    assert "oneDNN not found" in line[4] and "no-such-onednn" in line[4]
-    assert res.stderr.count("oneDNN conv ops unavailable") == 1
+    return [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")][-1].split(" ", 4), res.stderr
 
 
-@pytest.mark.slow
-def test_failed_onednn_build_keeps_bn_kernels(tmp_path):
-    """conv_dnnl.cpp that does not compile: the BN-only library is built, and the failure is recorded once."""
-    src = tmp_path / "kernels"
+@pytest.fixture(scope="module")
+def failed_onednn_build(tmp_path_factory):
+    """A copy of the sources whose conv_dnnl.cpp does not compile, a fresh cache, and the first process on them: it
+    tries the oneDNN build, records the failure and builds the BN-only library. Returns (its env, its RESULT fields).
+    That library's build directory is the real sources' BN-only one (its key covers only the BN sources and
+    headers), so the case without oneDNN loads it from there instead of building it again."""
+    root = tmp_path_factory.mktemp("failed_onednn")
+    src = root / "kernels"
     src.mkdir()
     for f in os.listdir(kernel_build.kernel_source_dir()):
         text = open(os.path.join(kernel_build.kernel_source_dir(), f)).read()
         (src / f).write_text(text + ("\n#error simulated oneDNN build failure\n" if f == "conv_dnnl.cpp" else ""))
-    env = dict(os.environ, BASEBN_KERNEL_DIR=str(src), BASEBN_KERNEL_CACHE=str(tmp_path / "cache"), PYTHONPATH=ROOT)
+    env = dict(os.environ, BASEBN_KERNEL_DIR=str(src), BASEBN_KERNEL_CACHE=str(root / "cache"), PYTHONPATH=ROOT)
     env.pop("BASEBN_ONEDNN_ROOT", None)
+    return env, _probe(env)[0]
+
+
+@pytest.mark.slow
+def test_missing_onednn_builds_bn_only_library(failed_onednn_build, tmp_path):
+    """$BASEBN_ONEDNN_ROOT at a missing directory: the BN kernels still load, the conv falls back and says why.
+    The cache holds the BN-only library the failed-oneDNN case built from the same sources (without its self-check
+    verdict): it is found under the same key and loaded."""
+    bn_only = os.path.basename(kernel_build.kernel_build_spec(kernel_build.cuda_wanted(), onednn=None).build_dir)
+    shutil.copytree(os.path.join(failed_onednn_build[0]["BASEBN_KERNEL_CACHE"], bn_only), tmp_path / "cache" / bn_only,
+                    ignore=shutil.ignore_patterns("selfcheck-*", "build.flock", "lock"))
+    env = dict(os.environ, BASEBN_ONEDNN_ROOT=os.path.join(ROOT, "no-such-onednn"), BASEBN_CONV_BACKEND="auto",
+               PYTHONPATH=ROOT, BASEBN_KERNEL_CACHE=str(tmp_path / "cache"))
+    line, stderr = _probe(env)
+    assert line[1:4] == ["kernel", "False", "18.0"]  # 2 channels x 9 taps of ones
+    assert "oneDNN not found" in line[4] and "no-such-onednn" in line[4]
+    assert stderr.count("oneDNN conv ops unavailable") == 1
+
+
+@pytest.mark.slow
+def test_failed_onednn_build_keeps_bn_kernels(failed_onednn_build):
+    """conv_dnnl.cpp that does not compile: the BN-only library is built, and the failure is recorded once."""
+    env, first = failed_onednn_build
     for attempt in range(2):  # the second process reads the recorded failure instead of compiling again
-        res = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, res.stdout + res.stderr
-        line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")][-1].split(" ", 4)
+        line = first if attempt == 0 else _probe(env)[0]
         assert line[1:4] == ["kernel", "False", "18.0"]
         assert "simulated oneDNN build failure" in line[4] and ("recorded in" in line[4]) == (attempt == 1)
 
