@@ -752,8 +752,8 @@ def main(argv=None):
 
 def results_figures(results):
     """A run's figures in results/train_step.json's layout: per model, the median ms and the ratios basebn / each
-    other runner per thread count, the first -> last thread count's speed-ups, and the paired ratios
-    ([median, low, high] of basebn's speed-up over a reference's, same-window runs only)."""
+    other runner per thread count (and library / torch), the first -> last thread count's speed-ups, and the paired
+    ratios ([median, low, high] of basebn's speed-up over a reference's, same-window runs only)."""
     figures = {}
     for res in results:
         f = figures.setdefault(res["model"], {})
@@ -763,6 +763,10 @@ def results_figures(results):
         if "basebn" in med:
             f.setdefault("ratio", {})[threads] = {f"basebn/{k}": round(med["basebn"] / v, 3)
                                                   for k, v in med.items() if k != "basebn"}
+        for ref in ("torch", "torchc"):  # a user's own loop against the same anchors
+            for k in ("library", "library-inplace"):
+                if k in med and ref in med:
+                    f.setdefault("ratio", {}).setdefault(threads, {})[f"{k}/{ref}"] = round(med[k] / med[ref], 3)
         for ref, (mid, lo, hi) in res.get("paired", {}).items():
             f.setdefault("paired", {})[ref] = {"median": round(mid, 3), "low": round(lo, 3), "high": round(hi, 3)}
     for f in figures.values():
