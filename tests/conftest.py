@@ -6,6 +6,7 @@ left running alone at the end; then the MPI launches and the tests of :data:`SER
 machine's cores to themselves.
 """
 import pytest
+from loguru import logger
 
 from tests.support import ROOT
 from tests.support.cli import TINY
@@ -60,3 +61,12 @@ def tiny(tmp_path):
     path = tmp_path / "tiny.py"
     path.write_text(TINY)
     return str(path)
+
+
+@pytest.fixture
+def warnings():
+    """Messages (without their newline) logged at WARNING and above during the test."""
+    seen = []
+    sink = logger.add(lambda m: seen.append(m.record["message"]), level="WARNING")
+    yield seen
+    logger.remove(sink)

@@ -11,8 +11,6 @@ carries the metrics of the finished evaluation.
 """
 import dataclasses
 import math
-import os
-import tempfile
 
 from loguru import logger
 
@@ -20,7 +18,7 @@ from .. import distributed as dist
 from ..checkpoint import model_state, save_npz_weights
 from ..config import ConfigError
 from ..utils.cli_args import MAX_LR, bounded_float
-from ..utils.fs import TMP_SUFFIX
+from ..utils.fs import new_file_problem
 from .adapt import (METHODS, MIN_RELIABLE_BATCH, OPTIMIZERS, evaluate_adapted, prepare_for_adaptation,
                     store_adapted_statistics)
 
@@ -103,26 +101,10 @@ def check_adapt_options(options, backend="eager", exported=False):
 
 
 def _check_destination(path, force):
-    """ConfigError unless `path` can take the adapted weights: a .npz name, no directory or (without `force`)
-    file there, in an existing folder where a new file can be made (tried with the writer's own temp name)."""
-    if not path.endswith(".npz"):
-        raise ConfigError(f"--save-adapted {path!r}: give a file name ending in .npz")
-    if os.path.isdir(path):
-        raise ConfigError(f"--save-adapted {path!r} is a directory; give a file name ending in .npz")
-    if os.path.lexists(path) and not force:
-        raise ConfigError(f"--save-adapted {path!r} exists; give another name or add --force")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.exists(parent):
-        raise ConfigError(f"--save-adapted {path!r}: folder {parent!r} does not exist")
-    if not os.path.isdir(parent):
-        raise ConfigError(f"--save-adapted {path!r}: {parent!r} is a file, not a folder")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=TMP_SUFFIX, dir=parent)
-        os.close(fd)
-        os.remove(probe)
-    except OSError as exc:
-        raise ConfigError(f"--save-adapted {path!r}: cannot write a file in folder {parent!r} "
-                          f"({exc.strerror or exc}); choose a writable folder") from None
+    """ConfigError unless `path` can take the adapted weights (utils.fs.new_file_problem)."""
+    problem = new_file_problem(path, force)
+    if problem:
+        raise ConfigError(f"--save-adapted {path!r}: {problem}")
 
 
 def _save(model, options, meta, metrics):

@@ -10,7 +10,6 @@ batches and ranks); weights are not changed. FrozenBatchNorm2d layers and BN lay
 theirs. An existing OUT is never overwritten without --force.
 """
 import argparse
-import os
 import sys
 from typing import Any, Dict
 
@@ -26,6 +25,7 @@ from ..layers import update_bn_stats
 from ..layers.precise_bn import METHODS
 from ..models import load_weights
 from ..utils.cli_args import MAX_SAMPLES, OneLineArgumentParser, bounded_int
+from ..utils.fs import new_file_problem
 
 __all__ = ["recalibrate", "check_output", "build_parser", "main"]
 
@@ -39,17 +39,11 @@ def check_output(out: str, force: bool) -> None:
 
     Raises:
         ConfigError: (one line) `out` does not end in .npz, is a folder, exists without `force`, or its folder
-            does not exist.
+            does not exist or cannot take a new file (utils.fs.new_file_problem).
     """
-    if not out.endswith(".npz"):
-        raise ConfigError(f"-o {out!r}: the output is an .npz weights file; give a name ending in .npz")
-    if os.path.isdir(out):
-        raise ConfigError(f"-o {out!r} is a directory; give a file name ending in .npz")
-    if os.path.exists(out) and not force:
-        raise ConfigError(f"-o {out!r} exists; give another name or add --force to overwrite it")
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise ConfigError(f"-o {out!r}: folder {parent!r} does not exist")
+    problem = new_file_problem(out, force)
+    if problem:
+        raise ConfigError(f"-o {out!r}: {problem}")
 
 
 def recalibrate(cfg: BaseConfig, weights: str, out: str, method: str = "pooled", num_samples: int = 8192,

@@ -17,7 +17,7 @@ try:
 except ImportError:  # not POSIX: file_lock does not lock across processes
     fcntl = None
 
-__all__ = ["atomic_write_bytes", "remove_stale_tmp", "sha256_of", "current_umask", "new_file_mode", "TMP_SUFFIX",
+__all__ = ["new_file_problem", "atomic_write_bytes", "remove_stale_tmp", "sha256_of", "current_umask", "new_file_mode", "TMP_SUFFIX",
            "file_lock", "durable_replace", "fsync_dir"]
 
 TMP_SUFFIX = ".tmp"
@@ -125,3 +125,27 @@ def sha256_of(path, chunk=1 << 20):
         for block in iter(lambda: f.read(chunk), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def new_file_problem(path, force=False, suffix=".npz"):
+    """Why `path` cannot take a new output file, as a phrase to follow "FLAG 'path': ", or None when it can: the
+    name ends in `suffix`, is no directory, does not exist (unless `force`), and its folder exists and takes a new
+    file (tried with the atomic writer's own temp name, then removed), so a long run never ends in a write error."""
+    if not path.endswith(suffix):
+        return f"give a file name ending in {suffix}"
+    if os.path.isdir(path):
+        return f"is a directory; give a file name ending in {suffix}"
+    if os.path.lexists(path) and not force:
+        return "exists; give another name or add --force"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(parent):
+        return f"folder {parent!r} does not exist"
+    if not os.path.isdir(parent):
+        return f"{parent!r} is a file, not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=TMP_SUFFIX, dir=parent)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        return f"cannot write a file in folder {parent!r} ({exc.strerror or exc}); choose a writable folder"
+    return None

@@ -13,22 +13,9 @@ from megengine.autodiff import GradManager
 from basebn.engine.losses import CrossEntropyLoss
 from basebn.engine.trainer import ClsTrainer
 from tests.support.batches import FixedBatches
+from tests.support.linear_reference import C, D, ce_grad, random_batches
 
-N, D, C, LR = 8, 5, 3, 0.5
-
-
-def _batches(n, seed=0):
-    rng = np.random.RandomState(seed)
-    return [(rng.randn(N, D).astype(np.float32), rng.randint(0, C, N).astype(np.int32)) for _ in range(n)]
-
-
-def _ce_grad(w, b, x, y):
-    """d mean-CE / d(W, b) for logits = x W^T + b, in float64."""
-    logits = x @ w.T + b
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    p[np.arange(len(y)), y] -= 1
-    return p.T @ x / len(y), p.sum(0) / len(y)
+LR = 0.5
 
 
 def _reference(w, b, batches, accum, epochs):
@@ -38,7 +25,7 @@ def _reference(w, b, batches, accum, epochs):
     for _ in range(epochs):
         for start in range(0, len(batches), accum):
             step = batches[start:start + accum]
-            grads = [_ce_grad(w, b, x.astype(np.float64), y) for x, y in step]
+            grads = [ce_grad(w, b, x.astype(np.float64), y) for x, y in step]
             w = w - LR * sum(g[0] for g in grads) / len(step)
             b = b - LR * sum(g[1] for g in grads) / len(step)
     return w, b
@@ -46,7 +33,7 @@ def _reference(w, b, batches, accum, epochs):
 
 @pytest.mark.parametrize("accum", [3, 8])  # 5 iterations per epoch: 3 + 2; 8 > 5: one step of 5 per epoch
 def test_last_step_of_an_epoch_averages_the_micro_batches_left(accum):
-    batches = _batches(5)
+    batches = random_batches(5)
     model = M.Linear(D, C)
     w0, b0 = model.weight.numpy().copy(), model.bias.numpy().copy()
     warnings = []

@@ -4,19 +4,9 @@ the batch with the running statistics; each method logs one warning with the cou
 import megengine as mge
 import numpy as np
 import pytest
-from loguru import logger
 
 from basebn.engine.adapt import adabn, bn_batch_predict, evaluate_adapted, store_adapted_statistics, tent
 from tests.engine.test_adapt import _NumpyAdam, _batches, _model, _np_conv, _np_entropy_grads, _np_forward, _params
-
-
-@pytest.fixture
-def warnings():
-    """Messages logged at WARNING and above during the test."""
-    seen = []
-    sink = logger.add(lambda m: seen.append(m.record["message"]), level="WARNING")
-    yield seen
-    logger.remove(sink)
 
 
 def _poisoned(value=np.nan, at=1, n_batches=3):

@@ -29,15 +29,6 @@ def _logging_restored():
     logger.add(sys.stderr)
 
 
-@pytest.fixture
-def warnings():
-    """Messages logged at WARNING and above during the test."""
-    seen = []
-    sink = logger.add(lambda m: seen.append(m.record["message"]), level="WARNING")
-    yield seen
-    logger.remove(sink)
-
-
 def _loader(n_batches=2, n=6):
     return [(x, np.zeros(len(x), np.int32)) for x in _batches(n_batches=n_batches, n=n)]
 

@@ -11,22 +11,8 @@ from megengine.autodiff import GradManager
 from basebn.engine.losses import CrossEntropyLoss
 from basebn.engine.trainer import ClsTrainer
 from tests.support.batches import FixedBatches
+from tests.support.linear_reference import C, D, ce_grad, random_batches
 
-N, D, C = 8, 5, 3
-
-
-def _batches(steps, seed=0):
-    rng = np.random.RandomState(seed)
-    return [(rng.randn(N, D).astype(np.float32), rng.randint(0, C, N).astype(np.int32)) for _ in range(steps)]
-
-
-def _ce_grad(w, b, x, y):
-    """d mean-CE / d(W, b) for logits = x W^T + b, in float64."""
-    logits = x @ w.T + b
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    p[np.arange(len(y)), y] -= 1
-    return p.T @ x / len(y), p.sum(0) / len(y)
 
 
 def _trainer(batches, scaler, accum, lr=0.1):
@@ -42,7 +28,7 @@ def _reference(w, b, batches, accum, lr=0.1):
     for start in range(0, len(batches), accum):
         gw, gb = np.zeros_like(w), np.zeros_like(b)
         for x, y in batches[start:start + accum]:
-            dw, db = _ce_grad(w, b, x.astype(np.float64), y)
+            dw, db = ce_grad(w, b, x.astype(np.float64), y)
             gw += dw / accum
             gb += db / accum
         w, b = w - lr * gw, b - lr * gb
@@ -51,7 +37,7 @@ def _reference(w, b, batches, accum, lr=0.1):
 
 @pytest.mark.parametrize("accum", [1, 2, 3])
 def test_accumulated_gradients_are_unscaled_once(accum):
-    batches = _batches(2 * accum)
+    batches = random_batches(2 * accum)
     trainer, model = _trainer(batches, GradScaler(init_scale=1024.0, growth_interval=0), accum)
     w0, b0 = model.weight.numpy().copy(), model.bias.numpy().copy()
     trainer.train(start_info=[1, 1], max_info=[1, len(batches)])
@@ -63,7 +49,7 @@ def test_accumulated_gradients_are_unscaled_once(accum):
 def test_dynamic_scale_advances_once_per_optimizer_step():
     # growth_interval 2 and 4 optimizer steps (8 iterations, accumulation 2): the scale doubles after
     # optimizer steps 2 and 4 only -> 4 * 2 * 2 = 16 (counting twice per step would give 64)
-    batches = _batches(8)
+    batches = random_batches(8)
     scaler = GradScaler(init_scale=4.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2)
     trainer, model = _trainer(batches, scaler, accum=2)
     w0, b0 = model.weight.numpy().copy(), model.bias.numpy().copy()
@@ -74,7 +60,7 @@ def test_dynamic_scale_advances_once_per_optimizer_step():
 
 
 def test_overflow_skips_the_step_and_backs_off():
-    batches = [(x * 1e4, y) for x, y in _batches(2)]  # |dW| ~ 1e4: times 2**120 it overflows float32
+    batches = [(x * 1e4, y) for x, y in random_batches(2)]  # |dW| ~ 1e4: times 2**120 it overflows float32
     scaler = GradScaler(init_scale=2.0 ** 120, growth_factor=2.0, backoff_factor=0.5, growth_interval=1000)
     trainer, model = _trainer(batches, scaler, accum=2)
     w0 = model.weight.numpy().copy()
@@ -84,7 +70,7 @@ def test_overflow_skips_the_step_and_backs_off():
 
 
 def test_no_scaler_is_plain_sgd():
-    batches = _batches(4)
+    batches = random_batches(4)
     trainer, model = _trainer(batches, None, accum=2)
     w0, b0 = model.weight.numpy().copy(), model.bias.numpy().copy()
     trainer.train(start_info=[1, 1], max_info=[1, 4])

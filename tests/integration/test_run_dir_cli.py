@@ -9,7 +9,6 @@ import subprocess
 import time
 
 import pytest
-from loguru import logger
 
 from basebn.checkpoint import CheckpointError, load_checkpoint
 from basebn.config import load_config
@@ -72,19 +71,11 @@ def test_weights_given_with_a_config_they_do_not_fit_are_refused_in_one_line(tra
     assert "data.image_size=12 (the config gives 8)" in errors[0]
 
 
-@pytest.fixture
-def warnings_logged():
-    lines = []
-    sink = logger.add(lambda message: lines.append(message.record["message"]), level="WARNING")
-    yield lines
-    logger.remove(sink)
-
-
-def test_weights_that_fit_another_image_size_load_with_one_warning_line(trained, warnings_logged):
+def test_weights_that_fit_another_image_size_load_with_one_warning_line(trained, warnings):
     _, run_dir = trained
     load_trained(load_config(run_dir, ["data.image_size=16"]), run_dir)
-    said = [line for line in warnings_logged if "trained with" in line]
-    assert len(said) == 1 and "\n" not in said[0], warnings_logged
+    said = [line for line in warnings if "trained with" in line]
+    assert len(said) == 1 and "\n" not in said[0], warnings
     assert "trained with data.image_size=12, the config gives data.image_size=16" in said[0]
 
 
