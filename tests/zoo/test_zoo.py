@@ -1,12 +1,10 @@
 import hashlib
-import http.server
 import io
 import json
 import os
 import pickle
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -16,40 +14,18 @@ from basebn.checkpoint import CheckpointError
 from basebn.zoo import ZooError, download, read_npz_weights, save_npz_weights
 from tests.support import ROOT
 from tests.support.cli import TINY
-
-
-class RangeHandler(http.server.BaseHTTPRequestHandler):
-    payload = b""
-    ranges = []
-
-    def do_GET(self):
-        rng = self.headers.get("Range")
-        type(self).ranges.append(rng)
-        data = self.payload
-        if rng:
-            start = int(rng.split("=")[1].split("-")[0])
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-            data = data[start:]
-        else:
-            self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+from tests.support.http_files import FileServer
 
 
 @pytest.fixture
 def server():
-    RangeHandler.payload = os.urandom(300_000)
-    RangeHandler.ranges = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RangeHandler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/w.npz", RangeHandler
-    srv.shutdown()
+    """(URL of a 300 kB payload that honours Range requests, the server: .payload, .requests)."""
+    with FileServer(os.urandom(300_000)) as srv:
+        yield srv.url("whole", "w.npz"), srv
+
+
+def _ranges(srv):
+    return [rng for _, rng in srv.requests]
 
 
 def test_download_verifies_and_resumes(server, tmp_path):
@@ -62,10 +38,10 @@ def test_download_verifies_and_resumes(server, tmp_path):
         f.write(handler.payload[:120_000])
     path = download(url, sha, dest_dir=dest_dir)
     assert open(path, "rb").read() == handler.payload
-    assert handler.ranges == ["bytes=120000-"]  # only the missing tail was fetched
+    assert _ranges(handler) == ["bytes=120000-"]  # only the missing tail was fetched
     assert not os.path.exists(part)
     download(url, sha, dest_dir=dest_dir)  # cached: no new request
-    assert len(handler.ranges) == 1
+    assert len(_ranges(handler)) == 1
 
 
 def test_download_hash_mismatch(server, tmp_path):
