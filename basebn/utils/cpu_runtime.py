@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import os
 import sys
+import time
 import warnings
 
 import megengine as mge
@@ -45,6 +46,7 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -2, -3, -4  
 EVENT_POLLER_THREAD = "CompNodeSync"
 EVENT_POLLER_NICE = 19  # the lowest priority: it runs when a core is free or after the compute threads' share
 _TASKS = "/proc/self/task"
+POLLER_START_WAIT_S = 0.5  # how long the probe waits for the poller thread to take its name (a loaded machine)
 
 
 def tune_cpu_runtime():
@@ -167,8 +169,16 @@ def quiet_device_probe(tune=None):
                 tune_cpu_runtime()
             mge.tensor(0).numpy()
             if tune:
-                lower_event_poller_priority()
+                _lower_poller_once_started()
     return on_cpu
+
+
+def _lower_poller_once_started(tasks_dir=_TASKS, wait_s=POLLER_START_WAIT_S):
+    """lower_event_poller_priority, retried until the poller thread exists: the first tensor starts it, but the
+    thread names itself only once it runs, which on a loaded machine can come after the tensor's result."""
+    deadline = time.monotonic() + wait_s
+    while not lower_event_poller_priority(tasks_dir) and os.path.isdir(tasks_dir) and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 def prepare_process():

@@ -7,12 +7,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
 from basebn.ops import kernel_library
 from basebn.utils.cpu_runtime import (EVENT_POLLER_THREAD, INLINE_OMP_SPIN, TUNE_SWITCH, WORKER_MAX_SPIN,
-                                      lower_event_poller_priority)
+                                      _lower_poller_once_started, lower_event_poller_priority)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -174,6 +175,27 @@ def test_no_poller_thread_or_a_vanished_one_changes_nothing(tmp_path):
         (tmp_path / tid / "comm").write_text(comm + "\n")
     assert lower_event_poller_priority(str(tmp_path)) == []
     assert lower_event_poller_priority(str(tmp_path / "missing")) == []
+
+
+def test_the_probe_waits_for_a_poller_thread_that_names_itself_late(tmp_path):
+    """The poller thread takes its name only once it runs; on a loaded machine that comes after the first tensor's
+    result. A real thread of this process stands in for it, its name appearing 50 ms after the probe starts."""
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, daemon=True)
+    worker.start()
+    tid = str(worker.native_id)
+    os.makedirs(tmp_path / tid)
+    named = threading.Timer(0.05, lambda: (tmp_path / tid / "comm").write_text(EVENT_POLLER_THREAD + "\n"))
+    try:
+        named.start()
+        assert lower_event_poller_priority(str(tmp_path)) == []  # one scan now sees no poller
+        _lower_poller_once_started(str(tmp_path), wait_s=10)
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            stat = f.read()
+        assert int(stat[stat.rindex(")") + 2:].split()[16]) == 19  # field 19 of proc(5): nice
+    finally:
+        named.cancel()
+        stop.set()
 
 
 _OMP_SLEEPS = """

@@ -4,6 +4,7 @@ stream, read back through a small terminal model), log lines that never share a 
 rank other than 0, and the kernel build's lines before and after a (fake) build."""
 import io
 import re
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -24,6 +25,16 @@ from tests.support.cli import TINY, metrics, run, write_config
 def wide_terminal(monkeypatch):
     """A terminal wide enough for every bar here (the display cuts a line at the terminal's width)."""
     monkeypatch.setenv("COLUMNS", "200")
+
+
+@pytest.fixture(autouse=True)
+def only_the_tests_log_sinks():
+    """No loguru sink left by an earlier test in this process (one bound to a stream since closed writes its error to
+    whatever sys.stderr is, here the test's terminal); afterwards one sink on the process's stderr (fd 2)."""
+    logger.remove()
+    yield
+    logger.remove()
+    logger.add(sys.__stderr__)
 
 
 class FakeClock:
