@@ -23,9 +23,9 @@ quickstart: $(STAMP)
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 define run_tests
 	status=0; \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 \
 		-m "not mpi and not serial and ($(1))" tests || status=$$?; \
-	$(PY) -m pytest -q -m "(mpi or serial) and ($(1))" tests; code=$$?; \
+	$(PY) -m pytest -q --durations=5 -m "(mpi or serial) and ($(1))" tests; code=$$?; \
 	[ $$code -eq 5 ] && code=0; [ $$status -ne 0 ] && exit $$status; exit $$code
 endef
 
