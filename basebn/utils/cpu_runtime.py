@@ -77,19 +77,14 @@ def lower_event_poller_priority(tasks_dir=_TASKS):
     MegEngine's first tensor, which starts the thread. Only for CPU work: on GPU its polling releases device
     memory. Returns the thread ids changed (empty where there is no such thread or no /proc)."""
     changed = []
-    try:
-        tids = os.listdir(tasks_dir)
-    except OSError:
-        return changed
-    for tid in tids:
-        try:
-            with open(os.path.join(tasks_dir, tid, "comm")) as f:
-                if f.read().strip() != EVENT_POLLER_THREAD:
-                    continue
-            os.setpriority(os.PRIO_PROCESS, int(tid), EVENT_POLLER_NICE)  # (Linux: a thread id names one thread)
-        except (OSError, ValueError):  # the thread ended, or the OS refused: nothing else depends on it
+    for tid, name in _threads(tasks_dir):
+        if name != EVENT_POLLER_THREAD:
             continue
-        changed.append(int(tid))
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, EVENT_POLLER_NICE)  # (Linux: a thread id names one thread)
+        except OSError:  # the thread ended, or the OS refused: nothing else depends on it
+            continue
+        changed.append(tid)
     return changed
 
 
@@ -114,20 +109,25 @@ def tuning_wanted():
     return os.environ.get(TUNE_SWITCH, "").strip() != "0"
 
 
-def _thread_names(tasks_dir=_TASKS):
-    """The names (``comm``) of this process's threads; empty without /proc."""
-    names = []
+def _threads(tasks_dir=_TASKS):
+    """(thread id, name) of this process's threads, read from ``tasks_dir``; empty without /proc."""
+    found = []
     try:
         tids = os.listdir(tasks_dir)
     except OSError:
-        return names
+        return found
     for tid in tids:
         try:
             with open(os.path.join(tasks_dir, tid, "comm")) as f:
-                names.append(f.read().strip())
-        except OSError:  # the thread ended
+                found.append((int(tid), f.read().strip()))
+        except (OSError, ValueError):  # the thread ended, or not a thread id
             continue
-    return names
+    return found
+
+
+def _thread_names(tasks_dir=_TASKS):
+    """The names (``comm``) of this process's threads; empty without /proc."""
+    return [name for _, name in _threads(tasks_dir)]
 
 
 def megengine_has_run(tasks_dir=_TASKS):
