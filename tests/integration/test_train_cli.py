@@ -51,7 +51,7 @@ def test_resume_after_sigkill_matches_uninterrupted(tiny, tmp_path):
     assert a[-1] == b[-1]  # identical final metrics (CPU is deterministic here)
 
 
-def test_nan_loss_stops_and_keeps_last_checkpoint(tiny, tmp_path):
+def test_a_diverged_run_stops_and_keeps_last_checkpoint(tiny, tmp_path):
     run_dir = str(tmp_path / "run")
     assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
     before = open(os.path.join(run_dir, "latest.npz"), "rb").read()
