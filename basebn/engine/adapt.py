@@ -31,6 +31,7 @@ from ..layers import convert_to_batchnorm, disable_efficient_conv_bn_eval, rever
 from ..layers.norm import is_bn2d, is_frozen_bn
 from ..utils.progress import progress_bar
 from .evaluate import score_predictions
+from .finite import all_finite
 
 __all__ = ["METHODS", "OPTIMIZERS", "prepare_for_adaptation", "adaptable_bn_layers", "predict", "bn_batch_predict",
            "adapt_bn_statistics", "adabn", "tent", "softmax_entropy", "adapt_predictions", "evaluate_adapted",
@@ -103,12 +104,6 @@ def _all_finite(images):
 def _finite_images(batch):
     """``(images as a Tensor, whether they hold no NaN or inf)`` of a batch."""
     return _images(batch), _all_finite(_raw_images(batch))
-
-
-def _grads_finite(params):
-    """Whether every gradient of `params` is finite (one device reduction)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    return not grads or bool(F.sum(F.concat([(g * 0).flatten() for g in grads])).item() == 0)
 
 
 class _NonFiniteBatches:
@@ -388,7 +383,7 @@ def _tent_steps(model, images, params, gm, opt, steps, tally):
         with gm:
             logits = model(images)
             gm.backward(softmax_entropy(logits).mean())
-        if not _grads_finite(params):
+        if not all_finite([p.grad for p in params if p.grad is not None]):
             opt.clear_grad()
             tally.see(False)
             return logits.numpy()
