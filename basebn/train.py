@@ -52,7 +52,8 @@ def seed_all(seed):
 
 def _save_config(cfg, run_dir):
     if dist.is_main_process():
-        atomic_write_bytes(os.path.join(run_dir, "config.json"), json.dumps(cfg.to_dict(), indent=2, default=str).encode())
+        resolved = json.dumps(cfg.to_dict(), indent=2, default=str).encode()
+        atomic_write_bytes(os.path.join(run_dir, "config.json"), resolved)
         atomic_write_bytes(os.path.join(run_dir, "config_diff.json"),
                            json.dumps(config_diff(cfg), indent=2, default=str).encode())
 

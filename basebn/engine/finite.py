@@ -16,8 +16,8 @@ def all_finite(tensors):
     One host read and few ops: tensors of up to _CONCAT_MAX values that fit one concatenation (the same shape but
     along one axis: norm weights, convs of one width) are concatenated and summed once, larger ones summed alone,
     then one stack and one sum (ResNet-20's 65 gradients: 15 ops, 288 per iteration with the check and 273
-    without; MobileNetV2 647 and 613). MegEngine's fused ``CheckNonFinite`` is one op but a naive kernel that first copies every input:
-    2x slower than these ops on ResNet-20's gradients, 14x on ResNet-18's.
+    without; MobileNetV2 647 and 613). MegEngine's fused ``CheckNonFinite`` is one op but a naive kernel that
+    first copies every input: 2x slower than these ops on ResNet-20's gradients, 14x on ResNet-18's.
     """
     groups, sums = {}, []
     for t in tensors:

@@ -41,7 +41,8 @@ def build_parser():
     p.add_argument("spec", help="basecls:PATH (mge.save pickle), timm:PATH (.safetensors), or a basebn spec")
     p.add_argument("--arch", required=True, help="basebn model name the weights are for (e.g. resnet50d)")
     p.add_argument("-o", "--output", help="output .npz (default: ARCH.npz in the current directory)")
-    p.add_argument("--num-classes", type=bounded_int(1, MAX_CLASSES), default=1000, help="classifier size in the file (default 1000)")
+    p.add_argument("--num-classes", type=bounded_int(1, MAX_CLASSES), default=1000,
+                   help="classifier size in the file (default 1000)")
     p.add_argument("--ema", action="store_true", help="take the file's EMA weights (basecls checkpoints)")
     return p
 

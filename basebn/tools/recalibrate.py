@@ -94,7 +94,8 @@ def build_parser():
     p.add_argument("-o", "--output", required=True, help="output .npz weights file")
     p.add_argument("--method", default="pooled", choices=METHODS,
                    help="pooled (population variance, default) or batch_average (pycls's)")
-    p.add_argument("--num-samples", type=bounded_int(1, MAX_SAMPLES), default=8192, help="training samples to use (default 8192)")
+    p.add_argument("--num-samples", type=bounded_int(1, MAX_SAMPLES), default=8192,
+                   help="training samples to use (default 8192)")
     p.add_argument("--ema", action="store_true", help="recalibrate the checkpoint's EMA weights")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     return p

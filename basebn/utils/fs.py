@@ -17,8 +17,8 @@ try:
 except ImportError:  # not POSIX: file_lock does not lock across processes
     fcntl = None
 
-__all__ = ["new_file_problem", "atomic_write_bytes", "remove_stale_tmp", "sha256_of", "current_umask", "new_file_mode", "TMP_SUFFIX",
-           "file_lock", "durable_replace", "fsync_dir"]
+__all__ = ["new_file_problem", "atomic_write_bytes", "remove_stale_tmp", "sha256_of", "current_umask", "new_file_mode",
+           "TMP_SUFFIX", "file_lock", "durable_replace", "fsync_dir"]
 
 TMP_SUFFIX = ".tmp"
 _STALE_TMP = re.compile(r"^.+\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp's names: 8 of [a-z0-9_]

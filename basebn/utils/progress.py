@@ -201,8 +201,8 @@ class ProgressDisplay:
 def progress_bar(iterable: Iterable[T], desc: str = "", total: Optional[int] = None, enabled: bool = True,
                  unit: str = "batches", rank: int = 0, **display: Any) -> Iterable[T]:
     """`iterable` counted by a :class:`ProgressDisplay` (its end line when the iteration ends; nothing more when it
-    stops early or fails), or `iterable` itself when nothing is shown (disabled, or rank != 0). `total` defaults to ``len(iterable)`` where it has one;
-    `display`: ProgressDisplay's stream, interval, clock."""
+    stops early or fails), or `iterable` itself when nothing is shown (disabled, or rank != 0). `total` defaults to
+    ``len(iterable)`` where it has one; `display`: ProgressDisplay's stream, interval, clock."""
     if not enabled or rank != 0:
         return iterable
     if total is None and hasattr(iterable, "__len__"):
