@@ -31,7 +31,7 @@ from megengine.core.ops import custom
 from megengine.jit import tracing
 from megengine.utils import custom_op_tools
 
-from ..utils.fs import atomic_write_bytes, sha256_of
+from ..utils.fs import atomic_write_bytes, file_lock, sha256_of
 from ..utils.progress import announced_step
 from .kernel_build import (
     cuda_wanted,
@@ -39,11 +39,6 @@ from .kernel_build import (
     no_onednn_reason,
     record_onednn_build_failure,
 )
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: builds are not locked across processes
-    fcntl = None
 
 __all__ = [
     "KernelUnavailableError",
@@ -92,11 +87,6 @@ class KernelBuildError(RuntimeError):
 
 _RECORD = "built.ok"  # JSON: the library's file name, size and sha256, written once its build completed
 _READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
-def _flock(f, lock):
-    if fcntl is not None:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX if lock else fcntl.LOCK_UN)
 
 
 def _compile(spec):
@@ -190,19 +180,17 @@ def _build_lock(build_dir):
     Several processes (pytest workers, data-parallel ranks) may build at once. MegEngine's own lock file makes the
     losers return a path without ".so" and is left behind by a killed build; an flock (released when its process
     dies) serialises build + load instead."""
+    path = os.path.join(build_dir, "build.flock")
     try:
-        lock_file = open(os.path.join(build_dir, "build.flock"), "a")
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o666))
     except OSError as exc:
         if exc.errno not in _READ_ONLY_ERRNOS:
             raise
         yield False  # nobody can build in a read-only cache: nothing to wait for
         return
-    with lock_file:
-        _flock(lock_file, True)
-        try:
-            yield True
-        finally:
-            _flock(lock_file, False)
+    with file_lock(path, on_wait=lambda: logger.info(f"waiting for another process building basebn's C++ ops in "
+                                                     f"{build_dir}")):
+        yield True
 
 
 def set_default_omp_wait_policy():
