@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from .checks import CheckFailed, check_values
 from .defaults import BaseConfig
 
-__all__ = ["ConfigError", "RUN_CONFIG", "load_config", "parse_overrides", "flatten", "config_diff", "run_dir_of",
+__all__ = ["ConfigError", "RUN_CONFIG", "as_recorded", "load_config", "parse_overrides", "flatten", "config_diff", "run_dir_of",
            "default_output_dir"]
 
 RUN_CONFIG = "config.json"  # the resolved config in a run directory
@@ -23,6 +23,12 @@ RUN_CONFIG = "config.json"  # the resolved config in a run directory
 
 class ConfigError(ValueError):
     """A config file or override a user must fix; the message says how."""
+
+
+def as_recorded(value):
+    """`value` as a run's config.json records it (tuples as lists, inf as Infinity, other objects as str), so a
+    recorded and a given value compare equal."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def flatten(d, prefix=""):

@@ -6,11 +6,10 @@ formats (timm:, basecls:) record none. RESULT_KEYS are the keys that change what
 image: its architecture (a different one cannot load the weights), the image size and eval crop, and the
 normalisation. Images are always RGB (basecls weights are converted on load), so channel order has no key.
 """
-import json
 
 from ..checkpoint import CheckpointError, read_recorded_config, resolve_weights
 from ..zoo import ZooError, zoo_config_source
-from .loader import ConfigError, flatten, load_config
+from .loader import ConfigError, as_recorded, flatten, load_config
 
 __all__ = ["RESULT_KEYS", "recorded_config", "config_mismatches", "describe_mismatch", "mismatch_refusal"]
 
@@ -36,18 +35,13 @@ def recorded_config(spec):
     return flatten(config) if isinstance(config, dict) else None
 
 
-def _plain(value):
-    """`value` as a run's JSON records it (tuples as lists), so a recorded and a given value compare equal."""
-    return json.loads(json.dumps(value, default=str))
-
-
 def config_mismatches(given, recorded):
     """[(key, recorded value, given value)] for the RESULT_KEYS where flat config `given` differs from `recorded`
     ([] when recorded is None); a key `recorded` lacks (an older run) is not compared."""
     if recorded is None:
         return []
     return [(key, recorded[key], given.get(key)) for key in RESULT_KEYS
-            if key in recorded and _plain(recorded[key]) != _plain(given.get(key))]
+            if key in recorded and as_recorded(recorded[key]) != as_recorded(given.get(key))]
 
 
 def _value(value):

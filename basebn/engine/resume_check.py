@@ -9,21 +9,16 @@ A config.json or metrics.jsonl that basebn did not write is refused: resume woul
 import json
 import os
 
-from ..config import BaseConfig, ConfigError, flatten
+from ..config import RUN_CONFIG, BaseConfig, ConfigError, as_recorded, flatten
 from .metrics_log import check_metrics_are_basebns
 from .run_dir import RunDirError, check_not_in_use
 
 __all__ = ["RESUME_FREE_KEYS", "CONFIG_FILE", "saved_config", "config_changes", "describe_changes", "check_resume"]
 
-CONFIG_FILE = "config.json"
+CONFIG_FILE = RUN_CONFIG  # the run's resolved config (config/loader.py)
 RESUME_FREE_KEYS = ("output_dir", "data.root", "data.num_workers", "data.prefetch", "log_every_n_iter",
                     "save_every_n_epoch")
 _SHOWN = 6
-
-
-def _as_saved(cfg_dict):
-    """A config dict as config.json holds it (tuples as lists, inf as Infinity, other objects as str)."""
-    return json.loads(json.dumps(cfg_dict, default=str))
 
 
 def saved_config(run_dir):
@@ -50,8 +45,8 @@ def config_changes(cfg, run_dir):
     old = saved_config(run_dir)
     if old is None:
         return []
-    new = flatten(_as_saved(cfg.to_dict()))
-    defaults = flatten(_as_saved(BaseConfig().to_dict()))
+    new = flatten(as_recorded(cfg.to_dict()))
+    defaults = flatten(as_recorded(BaseConfig().to_dict()))
     changes = []
     for key, value in new.items():
         before = old.get(key, defaults.get(key))
