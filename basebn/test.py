@@ -26,7 +26,7 @@ from .deploy import BACKENDS, export_mge, export_onnx, load_exported
 from .deploy.evaluate import evaluate_exported
 from .engine.adapt_eval import (AdaptedSaveError, AdaptOptions, add_adapt_arguments, adapt_options_from_args,
                                 check_adapt_options, evaluate_with_adaptation)
-from .engine.build import build_data, example_input, load_trained, resolve_config
+from .engine.build import build_data, example_input, load_trained, resolve_config, test_batch_size
 from .engine.evaluate import evaluate
 from .engine.logging import setup_logging
 from .layers import enable_efficient_conv_bn_eval
@@ -67,7 +67,7 @@ def test(cfg, weights, ema=False, backend="eager", threads=None, adapt=None):
                                        threads)
     model, ds, loader = load_trained(cfg, weights, ema=ema)
     if adapt.active:
-        return evaluate_with_adaptation(model, loader, cfg.batch_size, adapt, source=weights)
+        return evaluate_with_adaptation(model, loader, test_batch_size(cfg), adapt, source=weights)
     if backend != "eager":
         ext = BACKENDS[backend]
         with tempfile.TemporaryDirectory(prefix="basebn-test-") as tmp:

@@ -28,7 +28,7 @@ from .engine.build import (build_data, build_ema, build_grad_scaler, build_preci
                            build_train_model, build_trainer, scaled_base_lr)
 from .engine.hooks import default_hooks
 from .engine.logging import setup_logging
-from .engine.lr_schedule import schedule_warning
+from .engine.lr_schedule import freeze_warning, schedule_warning
 from .engine.metrics_log import metrics_path, truncate_metrics
 from .engine.resume_check import check_resume, config_changes, describe_changes
 from .engine.run_dir import open_run_dir
@@ -83,9 +83,10 @@ def _start_logging(cfg, run_dir, moved_to):
             logger.info(f"removed {name}, left by a write that was interrupted")
     logger.info(f"run directory {run_dir}, {dist.get_world_size()} process(es), backend {dist.backend()}")
     logger.info("config differs from the defaults in: " + json.dumps(config_diff(cfg), default=str))
-    schedule = schedule_warning(cfg.solver, scaled_base_lr(cfg))
-    if schedule and dist.is_main_process():
-        logger.warning(schedule)
+    for warning in (schedule_warning(cfg.solver, scaled_base_lr(cfg)),
+                    freeze_warning(cfg.solver, cfg.bn.freeze_last_epochs, scaled_base_lr(cfg))):
+        if warning and dist.is_main_process():
+            logger.warning(warning)
 
 
 def _train_locked(cfg, run_dir, resume, moved_to):

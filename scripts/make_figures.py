@@ -1,4 +1,5 @@
-"""Regenerates the figure tables of README.md and docs/figures.md from the results files (results/*.json).
+"""Regenerates the figure tables of README.md and docs/figures.md, and the experiment tables of the user guide,
+from the results files (results/*.json).
 
     python scripts/make_figures.py            # rewrite the tables between the pages' figures markers
     python scripts/make_figures.py --check    # exit 1 and name the pages whose tables differ (nothing written)
@@ -7,11 +8,17 @@ Each results file lists ``rows``: a figure, which run it comes from (``run``: an
 that kind that has the figure, so a new run of a benchmark replaces the figure) and where in that run's ``figures``
 the number is (``value``: a path; ``range``: several paths, shown as min–max), with a ``format``. A row with a
 ``headline`` text also goes into the README's table. Every row links its results file; older runs stay in the file.
+A docs page's ``<!-- table:NAME:start -->`` ... ``<!-- table:NAME:end -->`` block is results/NAME.json's table,
+rendered by scripts/experiment_tables.py.
 """
 import argparse
 import json
 import os
+import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from experiment_tables import RENDERERS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results")
@@ -20,6 +27,7 @@ START, END = "<!-- figures:start -->", "<!-- figures:end -->"
 SECTIONS = ["Training step", "BN layers and kernels", "Convolutions, pooling, Linear", "CPU runtime settings",
             "Memory, trainer, EMA, SyncBN", "CUDA kernels", "Experiments"]
 MAX_HEADLINE_ROWS = 10
+TABLE_MARKER = re.compile(r"<!-- table:([\w.-]+):start -->\n.*?<!-- table:\1:end -->", re.S)
 
 
 class FiguresError(ValueError):
@@ -146,6 +154,33 @@ def replace_block(text, block, page):
     return f"{head}{START}\n{block}\n{END}{tail}"
 
 
+def replace_tables(text, results, page):
+    """``text`` with every experiment-table block rendered again from its results file."""
+    def render(match):
+        name = match.group(1)
+        if name not in RENDERERS or f"{name}.json" not in results:
+            raise FiguresError(f"{page}: table {name!r} needs results/{name}.json and a renderer in "
+                               f"scripts/experiment_tables.py")
+        try:
+            table = RENDERERS[name](results[f"{name}.json"])
+        except (KeyError, IndexError, ValueError, TypeError) as e:
+            raise FiguresError(f"results/{name}.json: its table cannot be rendered ({e!r})") from None
+        return f"<!-- table:{name}:start -->\n{table}\n<!-- table:{name}:end -->"
+    return TABLE_MARKER.sub(render, text)
+
+
+def table_pages(root=ROOT):
+    """The docs pages that hold experiment-table blocks."""
+    folder = os.path.join(root, "docs")
+    out = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".md"):
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                if "<!-- table:" in f.read():
+                    out.append(os.path.join("docs", name))
+    return out
+
+
 def pages(results, root=ROOT):
     """{page path: (its current text, the text generated from the results files)}."""
     out = {}
@@ -153,6 +188,10 @@ def pages(results, root=ROOT):
         with open(os.path.join(root, page), encoding="utf-8") as f:
             text = f.read()
         out[page] = (text, replace_block(text, make(results), page))
+    for page in table_pages(root):
+        with open(os.path.join(root, page), encoding="utf-8") as f:
+            text = f.read()
+        out[page] = (text, replace_tables(text, results, page))
     return out
 
 

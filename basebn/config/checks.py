@@ -143,6 +143,7 @@ def _model_name(v):
 
 RULES = {
     "batch_size": integer(1),
+    "test_batch_size": optional(integer(1)),
     "num_classes": integer(2),
     "output_dir": optional(text),
     "seed": integer(0),
@@ -328,6 +329,7 @@ def _model_family_checks(flat):
 # arguments come from basebn.utils.cli_args.
 UPPER_BOUNDS = {
     "batch_size": MAX_BATCH,
+    "test_batch_size": MAX_BATCH,
     "num_classes": MAX_CLASSES,
     "seed": 2 ** 64 - 1,  # MegEngine's generator takes an unsigned 64-bit seed
     "data.image_size": MAX_IMAGE_SIZE,

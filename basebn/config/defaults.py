@@ -10,6 +10,9 @@ __all__ = ["BaseConfig", "DEFAULTS"]
 DEFAULTS = dict(
     # mini-batch size per process (the total batch is batch_size * world_size)
     batch_size=128,
+    # images per batch of evaluation and of basebn.test (its --adapt methods included), per process;
+    # None = batch_size (pycls's TEST.BATCH_SIZE, timm's --validation-batch-size)
+    test_batch_size=None,
     num_classes=10,
     # run directory; None means runs/<config file name>, or runs/<config file name>-<model.name> when an override
     # chose another model than the file's

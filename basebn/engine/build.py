@@ -29,7 +29,7 @@ from .ema import ModelEMA, pycls_momentum
 from .losses import build_loss
 from .trainer import ClsTrainer
 
-__all__ = ["build_data", "build_train_data", "build_precise_bn_data", "build_precise_bn_loader",
+__all__ = ["build_data", "test_batch_size", "build_train_data", "build_precise_bn_data", "build_precise_bn_loader",
            "precise_bn_batch_size", "build_model_from_cfg", "build_train_model", "scaled_base_lr", "build_grad_scaler",
            "build_ema", "build_grad_clip", "build_trainer", "example_input", "zoo_config", "resolve_config",
            "load_trained", "check_input_size"]
@@ -51,17 +51,24 @@ def build_data(cfg: BaseConfig, train: bool = True) -> Tuple[Any, Any]:
 
     Args:
         cfg: the config.
-        train: the training split (augmented, shuffled) rather than the test split.
+        train: the training split (augmented, shuffled, batch_size) rather than the test split (test_batch_size,
+            else batch_size).
 
     Raises:
         DataError: the data is missing or does not fit the config.
     """
     ds = build_dataset(cfg.data, train=train)
     validate_dataset(ds, cfg.num_classes)
-    loader = build_loader(cfg.data, ds, cfg.batch_size, train=train, seed=cfg.seed,
+    batch_size = cfg.batch_size if train else test_batch_size(cfg)
+    loader = build_loader(cfg.data, ds, batch_size, train=train, seed=cfg.seed,
                           rank=dist.get_rank(), world_size=dist.get_world_size(),
                           num_classes=cfg.num_classes, label_smoothing=cfg.loss.label_smooth)
     return ds, loader
+
+
+def test_batch_size(cfg: BaseConfig) -> int:
+    """Images per batch of the test split: test_batch_size, else batch_size."""
+    return cfg.test_batch_size or cfg.batch_size
 
 
 def build_train_data(cfg: BaseConfig) -> Tuple[Any, Any]:

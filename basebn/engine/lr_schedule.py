@@ -1,14 +1,19 @@
-"""Per-iteration learning-rate schedule with linear warm-up, and the warning for a schedule that never reaches its
-base lr (a warm-up as long as the run, or a decay that starts long before the warm-up ends)."""
+"""Per-iteration learning-rate schedule with linear warm-up, the warning for a schedule that never reaches its base
+lr (a warm-up as long as the run, or a decay that starts long before the warm-up ends), and the warning for BN frozen
+in epochs whose lr is still high."""
 import bisect
 import math
 from typing import Any, Optional
 
-__all__ = ["lr_at", "schedule_factor", "peak_factor", "schedule_warning", "PEAK_FRACTION"]
+__all__ = ["lr_at", "schedule_factor", "peak_factor", "schedule_warning", "PEAK_FRACTION", "frozen_lr_factor",
+           "freeze_warning", "FREEZE_LR_FRACTION"]
 
 PEAK_FRACTION = 0.5  # schedule_warning speaks when the highest lr is below this fraction of the base lr
 """schedule_warning speaks when the highest lr is below this fraction of the base lr."""
 _PEAK_SAMPLES = 2000  # points of the run at which peak_factor evaluates the schedule
+FREEZE_LR_FRACTION = 0.01
+"""freeze_warning speaks when the lr of the frozen epochs rises above this fraction of the run's peak lr: training on
+frozen BN statistics diverged above it and not at it (results/bn_freeze.json, docs/bn_training.md)."""
 
 
 def lr_at(it: int, iters_per_epoch: int, solver: Any, base_lr: float) -> float:
@@ -79,3 +84,36 @@ def schedule_warning(solver: Any, base_lr: float) -> Optional[str]:
         return (f"{highest}: the {solver.lr_schedule} decay of solver.max_epoch={epochs} is far along when the "
                 f"warm-up (solver.warmup_epochs={warmup:g}) ends; shorten the warm-up (e.g. {shorter})")
     return None
+
+
+def frozen_lr_factor(solver: Any, frozen_epochs: int) -> float:
+    """The highest lr of the last `frozen_epochs` epochs as a fraction of the base lr (evaluated at 2,000 points).
+
+    Args:
+        solver: the config's solver section.
+        frozen_epochs: how many epochs at the end of the run.
+    """
+    start = max(solver.max_epoch - frozen_epochs, 0)
+    span = solver.max_epoch - start
+    return max(schedule_factor(start + span * i / _PEAK_SAMPLES, solver) for i in range(_PEAK_SAMPLES))
+
+
+def freeze_warning(solver: Any, freeze_last_epochs: int, base_lr: float) -> Optional[str]:
+    """One line when bn.freeze_last_epochs freezes BN in epochs whose lr rises above FREEZE_LR_FRACTION of the
+    run's peak lr; None when it is off or the frozen epochs' lr stays at or below it.
+
+    Args:
+        solver: the config's solver section.
+        freeze_last_epochs: the config's bn.freeze_last_epochs.
+        base_lr: the base learning rate.
+    """
+    if freeze_last_epochs <= 0:
+        return None
+    peak, frozen = peak_factor(solver), frozen_lr_factor(solver, freeze_last_epochs)
+    if frozen <= FREEZE_LR_FRACTION * peak * (1 + 1e-9):
+        return None
+    return (f"bn.freeze_last_epochs={freeze_last_epochs}: the lr of the frozen epochs reaches {base_lr * frozen:.3g}, "
+            f"{frozen / peak:.2g} of the peak {base_lr * peak:.3g}; training on frozen BN statistics diverged above "
+            f"{FREEZE_LR_FRACTION:g} of the peak (docs/bn_training.md): freeze only epochs whose lr is at most that "
+            f"(e.g. solver.lr_schedule='step' with a last decay step at epoch "
+            f"{solver.max_epoch - freeze_last_epochs:g}), or set bn.freeze_last_epochs=0")

@@ -8,7 +8,7 @@ import pytest
 import megengine as mge
 
 from basebn.config import BaseConfig
-from basebn.engine.build import (build_ema, build_grad_clip, build_grad_scaler, build_model_from_cfg,
+from basebn.engine.build import (build_data, build_ema, build_grad_clip, build_grad_scaler, build_model_from_cfg,
                                  build_precise_bn_loader)
 from basebn.layers.norm import is_bn, set_norm_eval
 from basebn.models.weight_init import last_norms
@@ -46,6 +46,21 @@ def test_precise_bn_loader_is_built_only_when_precise_bn_runs():
     assert len(build_precise_bn_loader(cfg)) == 2
     assert build_precise_bn_loader(cfg.clone().merge({"bn": {"norm_eval": True}})) is None
     assert build_precise_bn_loader(cfg.clone().merge({"bn": {"precise_every_n_epoch": math.inf}})) is None
+
+
+def test_test_batch_size_sets_the_test_split_batches_only():
+    cfg = BaseConfig()
+    cfg.merge(dict(batch_size=4, data=dict(name="synthetic", image_size=8, train_size=16, test_size=10,
+                                           prefetch=False, num_workers=0)))
+    def sizes(c, train):
+        loader = build_data(c, train=train)[1]
+        loader.set_epoch(0)
+        return [len(images) for images, _ in loader]
+
+    assert sizes(cfg, False) == [4, 4, 2]  # None: batch_size, the last batch partial
+    five = cfg.clone().merge({"test_batch_size": 5})
+    assert sizes(five, False) == [5, 5]
+    assert sizes(five, True) == [4, 4, 4, 4]
 
 
 def test_ema_momentum_rule():

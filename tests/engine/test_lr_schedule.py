@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from basebn.config import BaseConfig, load_config
-from basebn.engine.lr_schedule import PEAK_FRACTION, lr_at, schedule_warning
+from basebn.engine.lr_schedule import FREEZE_LR_FRACTION, PEAK_FRACTION, freeze_warning, lr_at, schedule_warning
 
 
 def solver(**kw):
@@ -81,3 +81,18 @@ def test_no_warmup_effect_means_no_warning():
     # warmup_factor 1: the "warm-up" starts at the base lr, so the run reaches it whatever its length
     assert schedule_warning(solver(max_epoch=2, warmup_epochs=5, warmup_factor=1.0), 0.1) is None
     assert schedule_warning(solver(max_epoch=2, warmup_epochs=0), 0.1) is None
+
+
+def test_freeze_warning_speaks_only_when_the_frozen_epochs_run_above_a_hundredth_of_the_peak():
+    assert FREEZE_LR_FRACTION == 0.01
+    # step x0.1 at epochs 2 and 3 of 4: the last epoch runs at exactly 1/100 of the peak (closed form 0.1 ** 2)
+    step = solver(lr_schedule="step", max_epoch=4, warmup_epochs=0.4, lr_decay_steps=(2, 3), lr_decay_factor=0.1)
+    assert freeze_warning(step, 1, 0.1) is None
+    assert freeze_warning(step, 0, 0.1) is None  # off
+    # two frozen epochs include epoch 3 at 1/10 of the peak
+    two = freeze_warning(step, 2, 0.1)
+    assert two and "bn.freeze_last_epochs=2" in two and "0.01," in two and "0.1 of the peak 0.1" in two
+    # cosine over 4 epochs: the last epoch starts at (1 + cos(3 pi / 4)) / 2 = 0.146 of the peak
+    cosine = solver(lr_schedule="cosine", max_epoch=4, warmup_epochs=0.4, lr_min_factor=0.0)
+    text = freeze_warning(cosine, 1, 0.4)
+    assert text and f"{0.4 * (1 + math.cos(3 * math.pi / 4)) / 2:.3g}" in text and "bn.freeze_last_epochs=0" in text

@@ -1,0 +1,121 @@
+"""Experiment: bn.freeze_last_epochs at the learning rate of the frozen epoch, against no freezing.
+
+    .venv/bin/python experiments/bn_freeze_table.py [--seeds 42 43 44] --results results/bn_freeze.json
+
+Wu & Johnson (2021, section 4) freeze BN for the last, low-lr epochs of a schedule. Here: Fashion-MNIST, ResNet-20
+width 8 with the stride-2 stem, the first 12000 training images for 4 epochs at batch 128, each schedule run with
+``bn.freeze_last_epochs`` 0 and 1 (precise BN on 4096 images before the freeze), the same seeds paired:
+  step 1/100   lr 0.1, x0.1 at epochs 2 and 3: the frozen epoch runs at 0.001, 1/100 of the peak
+  step 1/10    lr 0.1, x0.1 at epoch 3: the frozen epoch runs at 0.01, 1/10 of the peak
+  cosine 0.1   lr 0.1 (the recipe's), cosine: the frozen epoch starts at 0.0146, 0.15 of the peak
+  cosine 0.4   lr 0.4, cosine: the frozen epoch starts at 0.059
+A run that stops on a non-finite loss or on non-finite gradients (exit 1) counts as diverged; the table gives its
+seeds and the frozen step where it stopped. Finished and diverged runs are reused, so an interrupted table continues.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.results_file import add_results_argument, save_run  # noqa: E402
+
+CONFIG = os.path.join(ROOT, "configs", "fmnist_resnet20.py")
+TRAIN_IMAGES, EPOCHS, BATCH = 12000, 4, 128
+SCHEDULES = {
+    "step 1/100": ["solver.basic_lr=0.1", "solver.lr_schedule='step'", "solver.lr_decay_steps=(2, 3)"],
+    "step 1/10": ["solver.basic_lr=0.1", "solver.lr_schedule='step'", "solver.lr_decay_steps=(3,)"],
+    "cosine 0.1": ["solver.basic_lr=0.1", "solver.lr_schedule='cosine'"],
+    "cosine 0.4": ["solver.basic_lr=0.4", "solver.lr_schedule='cosine'"],
+}
+FREEZE = (0, 1)
+
+
+def overrides(schedule, freeze, seed, out):
+    return SCHEDULES[schedule] + [
+        f"bn.freeze_last_epochs={freeze}", "bn.precise_every_n_epoch=-1", "bn.num_samples_precise=4096",
+        f"batch_size={BATCH}", f"seed={seed}", f"solver.max_epoch={EPOCHS}", f"solver.warmup_epochs={EPOCHS / 10}",
+        "model.base_width=8", f"data.max_train_samples={TRAIN_IMAGES}", "model_ema.enabled=False",
+        f"output_dir={out!r}", "eval_every_n_epoch=inf", "log_every_n_iter=10", "test_batch_size=500"]
+
+
+def run(schedule, freeze, seed, args):
+    """{"top1": float} of a finished run, or {"diverged": frozen step or None} of one that stopped non-finite."""
+    out = os.path.join(args.out, schedule.replace(" ", "").replace("/", "_"), f"freeze{freeze}", f"seed{seed}")
+    marker = os.path.join(out, "diverged.json")
+    if os.path.isfile(marker):
+        with open(marker) as f:
+            return json.load(f)
+    if not os.path.isfile(os.path.join(out, "final.npz")):
+        cmd = [sys.executable, "-m", "basebn.train", CONFIG, *overrides(schedule, freeze, seed, out)]
+        if os.path.isdir(out):
+            cmd.append("--resume")
+        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode == 1 and re.search(r"non-finite|NaN|inf", done.stderr):
+            result = {"diverged": frozen_step_at_stop(out, freeze), "message": done.stderr.strip().splitlines()[-1]}
+            with open(marker, "w") as f:
+                json.dump(result, f)
+            return result
+        if done.returncode != 0:
+            raise SystemExit(f"{out}: basebn.train exited {done.returncode}:\n{done.stderr[-2000:]}")
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return {"top1": [json.loads(line) for line in f if line.strip()][-1]["top1"]}
+
+
+def frozen_step_at_stop(out, freeze):
+    """The 1-based step within the frozen epochs of the last iteration logged (every 10) before the stop (None: the
+    stop came before the freeze)."""
+    with open(os.path.join(out, "log.txt")) as f:
+        found = re.findall(r"epoch (\d+)/(\d+) iter (\d+)/(\d+)", f.read())
+    if not found or not freeze:
+        return None
+    epoch, epochs, it, per_epoch = map(int, found[-1])
+    first_frozen = epochs - freeze + 1
+    return (epoch - first_frozen) * per_epoch + it if epoch >= first_frozen else None
+
+
+def summary(values):
+    v = np.asarray(values, dtype=float)
+    return {"mean": round(float(v.mean()), 2), "min": round(float(v.min()), 2), "max": round(float(v.max()), 2)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
+    p.add_argument("--out", default=os.path.join(ROOT, "runs", "bn_freeze"))
+    add_results_argument(p)
+    args = p.parse_args()
+    start = time.time()
+    figures = {}
+    for schedule in SCHEDULES:
+        results = {n: [run(schedule, n, s, args) for s in args.seeds] for n in FREEZE}
+        row = {}
+        for n, rs in results.items():
+            finished = [r["top1"] for r in rs] if all("top1" in r for r in rs) else None
+            row[f"freeze {n}"] = {
+                "seeds": {str(s): r.get("top1", "diverged") for s, r in zip(args.seeds, rs)},
+                "diverged_at_frozen_step": {str(s): r["diverged"] for s, r in zip(args.seeds, rs) if "diverged" in r},
+                "top1": summary(finished) if finished else None}
+            print(schedule, n, row[f"freeze {n}"], flush=True)
+        pairs = [(a["top1"], b["top1"]) for a, b in zip(results[1], results[0]) if "top1" in a and "top1" in b]
+        row["paired_difference"] = summary([a - b for a, b in pairs]) if pairs else None
+        figures[schedule] = row
+    minutes = round((time.time() - start) / 60, 1)
+    conditions = (f"Fashion-MNIST, ResNet-20 width 8 (stride-2 stem), first {TRAIN_IMAGES} training images, "
+                  f"{EPOCHS} epochs, batch {BATCH}; top-1 on the 10k test set, seeds {' '.join(map(str, args.seeds))};"
+                  f" paired difference: freeze 1 minus freeze 0, mean [min, max] over the seeds both finished; "
+                  f"{minutes} min")
+    print(json.dumps(figures))
+    save_run(args.results, "experiments/bn_freeze_table.py", "table", [os.cpu_count()], figures,
+             "bn.freeze_last_epochs against the lr of the frozen epoch (Fashion-MNIST)", conditions=conditions)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The experiment tables of the user guide, rendered from their results files (standard library only).
+
+A page holds ``<!-- table:NAME:start -->`` and ``<!-- table:NAME:end -->`` around each table; NAME is a results
+file's stem (results/NAME.json) and RENDERERS[NAME] turns the file's last run of kind "table" into markdown.
+scripts/make_figures.py writes them with the figure tables, and tests/test_figures.py compares them.
+"""
+
+__all__ = ["RENDERERS", "last_table_run", "interval"]
+
+
+def last_table_run(data):
+    """The last run of kind "table" of a results file (the one the page shows)."""
+    runs = [r for r in data["runs"] if r.get("kind") == "table"]
+    if not runs:
+        raise ValueError("no run of kind 'table'")
+    return runs[-1]
+
+
+def interval(summary, fmt="{:.1f}", signed=False):
+    """'mean [min, max]' of a {"mean", "min", "max"} summary, one cell."""
+    f = (lambda v: ("+" if v > 0 else "") + fmt.format(v)) if signed else fmt.format
+    return f"{f(summary['mean'])} [{f(summary['min'])}, {f(summary['max'])}]"
+
+
+def render_bn_noniid(data):
+    """BN / BRN / GN / ghost BN / SyncBN by sampling: eval-mode top-1 and the train-minus-eval mode gap."""
+    run = last_table_run(data)
+    figures = run["figures"]
+    samplings = list(next(iter(next(iter(figures.values())).values())))
+    head = (["batch", "norm"] + [f"top-1, {s}" for s in samplings] + [f"mode gap, {s}" for s in samplings])
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (2 * len(samplings))]
+    for batch, norms in figures.items():
+        for norm, by_sampling in norms.items():
+            cells = [interval(by_sampling[s]["top1"]) for s in samplings]
+            cells += [interval(by_sampling[s]["mode_gap"], signed=True) for s in samplings]
+            lines.append(f"| {batch.split()[-1]} | {norm} | " + " | ".join(cells) + " |")
+    lines += ["", f"{run['conditions']}. Measured on {run['host']['name']}, commit "
+                  f"{(run['commit'] or 'not recorded')[:12]} ([results/bn_noniid.json](../results/bn_noniid.json))."]
+    return "\n".join(lines)
+
+
+# column heads of the Fashion-MNIST-C corruptions (experiments/adapt_table.py's SHORT)
+FMNIST_C_SHORT = {"gaussian_noise": "gauss", "shot_noise": "shot", "impulse_noise": "impulse",
+                  "defocus_blur": "defocus", "glass_blur": "glass", "motion_blur": "motion", "zoom_blur": "zoom",
+                  "snow": "snow", "frost": "frost", "fog": "fog", "brightness": "bright", "contrast": "contrast",
+                  "elastic_transform": "elastic", "pixelate": "pixel", "jpeg_compression": "jpeg"}
+TENT_ANCHOR_ROWS = {"source": "source (≈ none)", "norm": "norm (≈ bn_batch)", "tent": "tent"}
+
+
+def _error(value, bold=False):
+    """One error cell: one decimal, "—" for a cell not run yet."""
+    if value is None:
+        return "—"
+    return f"**{value:.1f}**" if bold else f"{value:.1f}"
+
+
+def render_fmnist_c(data):
+    """Fashion-MNIST-C top-1 error (%): per model, rows (severity, test batch, --adapt), columns the mean over the
+    corruptions, clean, each corruption; then TENT's CIFAR-10-C rows, a scale reference."""
+    run = last_table_run(data)
+    figures, cond = run["figures"], run["conditions"]
+    corruptions = cond["corruptions"]
+    shorts = " | ".join(FMNIST_C_SHORT[c] for c in corruptions)
+    lines = []
+    for label, by_severity in figures["models"].items():
+        lines += [f"`{label}`:", "", f"| severity | batch | --adapt | mean ({len(corruptions)}) | clean | {shorts} |",
+                  "|---:|---:|---|" + "---:|" * (len(corruptions) + 2)]
+        for severity, by_batch in by_severity.items():
+            for batch, by_method in by_batch.items():
+                for method, row in by_method.items():
+                    cells = [_error(row["mean"], bold=True), _error(row["clean"])]
+                    cells += [_error(row[c]) for c in corruptions]
+                    lines.append(f"| {severity.split()[-1]} | {batch.split()[-1]} | {method} | "
+                                 + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [f"| CIFAR-10-C, WRN-28-10, severity 5, batch 200 (TENT's README) | mean ({len(corruptions)}) | "
+              f"mean (15) | {shorts} |", "|---|" + "---:|" * (len(corruptions) + 2)]
+    for anchor, row in figures["tent_cifar10c"].items():
+        cells = [_error(row["mean"], bold=True), _error(row["mean_15"])] + [_error(row[c]) for c in corruptions]
+        lines.append(f"| {TENT_ANCHOR_ROWS.get(anchor, anchor)} | " + " | ".join(cells) + " |")
+    missing = f"; {cond['cells_missing']} cells not run yet (—)" if cond["cells_missing"] else ""
+    per_cell = ", ".join(f"{m} {s:.0f} s" for m, s in cond["seconds_per_cell"].items())
+    lines += ["", f"Top-1 error (%) on {cond['images_per_set']:,} test images per set{missing}. "
+                  f"{cond['machine_minutes']:.0f} min of machine time (per cell: {per_cell}), measured on "
+                  f"{run['host']['name']}, commit {(run['commit'] or 'not recorded')[:12]} "
+                  "([results/fmnist_c.json](../results/fmnist_c.json))."]
+    return "\n".join(lines)
+
+
+RENDERERS = {"bn_noniid": render_bn_noniid, "fmnist_c": render_fmnist_c}
