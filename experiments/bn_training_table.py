@@ -1,6 +1,10 @@
 """Experiment: BN in training (docs/bn_training.md) on Fashion-MNIST, paired seeds; prints markdown tables.
 
     .venv/bin/python experiments/bn_training_table.py [--seeds 42 43 44] [--sections small large accum freeze]
+    .venv/bin/python experiments/bn_training_table.py --sections small --results results/bn_training_small.json
+
+``--results`` records one section's table (small, large or accum) in its results file, which the page renders
+(scripts/experiment_tables.py); the freeze section only prints.
 
 Sections (each configuration one `python -m basebn.train` run of ResNet-20 width 8, stride-2 stem, on the first
 training images of the section's budget, evaluated on the 10k test set; runs already finished are reused; lr
@@ -32,6 +36,7 @@ from basebn.engine.bn_report import population_drift  # noqa: E402
 from basebn.engine.build import build_data, build_model_from_cfg  # noqa: E402
 from basebn.engine.metrics_log import metrics_path, read_metrics  # noqa: E402
 from basebn.models import load_weights  # noqa: E402
+from benchmarks.results_file import add_results_argument, default_threads, save_run  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "fmnist_resnet20.py")
 
@@ -56,7 +61,7 @@ def sections():
             ("BRN, batch 4", ["batch_size=4", f"solver.basic_lr={_lr(4)}", "model.norm='BRN'",
                               f"bn.renorm.warmup_epochs={e / 4}", f"bn.renorm.ramp_epochs={e / 4}"], 1),
             ("GN, batch 4", ["batch_size=4", f"solver.basic_lr={_lr(4)}", "model.norm='GN'"], 1),
-            ("SyncBN, 2 x batch 4", ["batch_size=4", f"solver.basic_lr={_lr(4)}", "model.norm='SyncBN'"], 2),
+            ("SyncBN, 2 ranks x batch 4", ["batch_size=4", f"solver.basic_lr={_lr(4)}", "model.norm='SyncBN'"], 2),
         ]),
         "large": ("norm_batch_size 512", [
             (f"norm_batch_size {g}", ["batch_size=512", "solver.basic_lr=0.8", f"bn.norm_batch_size={g}"], 1)
@@ -72,6 +77,12 @@ def sections():
                                          "bn.num_samples_precise=4096"], 1)
             for n in (0, 1, 2)]),
     }
+
+
+# the sections a results file records (results/bn_training_<section>.json): section -> its "what"
+RECORDED = {"small": "BN, BRN, GN and SyncBN at batch 4 vs BN at batch 32 (Fashion-MNIST)",
+            "accum": "gradient accumulation 8 x 16 vs one batch of 128: top-1 and running-statistics drift",
+            "large": "one batch of 512 normalized in groups (bn.norm_batch_size 512 / 128 / 32 / 8)"}
 
 
 def _mpiexec():
@@ -118,7 +129,15 @@ def _diff(values, ref):
     return f"{d.mean():+.2f} [{d.min():+.2f}, {d.max():+.2f}]"
 
 
+def summary(values, digits=2):
+    """{"mean", "min", "max", "seeds"} of per-seed values, rounded to the digits the table shows."""
+    v = np.asarray(values, dtype=float)
+    return {"mean": round(float(v.mean()), digits), "min": round(float(v.min()), digits),
+            "max": round(float(v.max()), digits), "seeds": [round(float(a), digits) for a in v]}
+
+
 def table(section, args):
+    """Runs one section, prints its markdown table; returns its figures (the layout its results file holds)."""
     ref_label, configs = sections()[section]
     results = {}
     for label, overrides, procs in configs:
@@ -133,13 +152,28 @@ def table(section, args):
     print(head)
     print("|---" * (4 if with_drift else 3) + "|")
     ref = [r[0] for r in results[ref_label]]
+    figures = {"reference": ref_label, "configurations": {}}
     for label, r in results.items():
         top1 = [x[0] for x in r]
         row = f"| {label} | {_cell(top1)} | {'-' if label == ref_label else _diff(top1, ref)} |"
+        figures["configurations"][label] = entry = {"top1": summary(top1)}
+        if label != ref_label:
+            entry["vs_reference"] = summary(np.asarray(top1) - np.asarray(ref))
         if with_drift:
             row += f" {_cell(drifts[label], '.4f')} |"
+            entry["drift"] = summary(drifts[label], digits=4)
         print(row)
-    return {label: [x[0] for x in r] for label, r in results.items()}
+    return figures
+
+
+def conditions(section, args):
+    """What one section ran, in a line (the page prints it under the table)."""
+    samples, epochs = BUDGET[section]
+    extra = {"small": "batch 4 per process (the reference 32), lr 0.4 per 128 images scaled with the batch",
+             "accum": f"drift from a precise-BN pass over {args.precise_samples} training images",
+             "large": "batch 512, lr 0.8"}[section]
+    return (f"Seeds {' '.join(map(str, args.seeds))}, paired; {samples} training images, {epochs} "
+            f"epoch{'s' if epochs > 1 else ''}; {extra}")
 
 
 def main():
@@ -149,9 +183,16 @@ def main():
                    choices=["small", "large", "accum", "freeze"])
     p.add_argument("--precise-samples", type=int, default=2048)
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "bn_training"))
+    add_results_argument(p)
     args = p.parse_args()
+    if args.results and (len(args.sections) != 1 or args.sections[0] not in RECORDED):
+        p.error("--results records one section's table: give --sections small, large or accum with it")
     everything = {s: table(s, args) for s in args.sections}
     print("\n" + json.dumps(everything))
+    if args.results:
+        section = args.sections[0]
+        save_run(args.results, "experiments/bn_training_table.py", "table", default_threads(), everything[section],
+                 RECORDED[section], conditions=conditions(section, args))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """The zoo ablation: what each BN technique does to top-1 on full Fashion-MNIST, paired by seed.
 
-    .venv/bin/python experiments/zoo_ablation.py      # after scripts/build_zoo.sh
+    .venv/bin/python experiments/zoo_ablation.py [--results results/zoo_ablation.json]   # after scripts/build_zoo.sh
 
 Reads the run directories scripts/build_zoo.sh writes, evaluates every run's weights (model, and EMA when
 the run has one) with running statistics and after precise BN (pooled, 8192 samples), caching the numbers
 in each run directory (ablation.json), and prints a markdown table: each technique's top-1 and its delta
 against the baseline of the same seed, with the number of seeds behind it. Missing runs are skipped.
+``--results`` records the table in its results file, which docs/zoo.md renders (scripts/experiment_tables.py).
 """
+import argparse
 import os
 import sys
 
@@ -17,6 +19,7 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
 from basebn.config import BaseConfig  # noqa: E402
+from benchmarks.results_file import add_results_argument, default_threads, save_run  # noqa: E402
 from variants import evaluate_variants  # noqa: E402
 
 PRECISE_SAMPLES = 8192
@@ -44,7 +47,22 @@ def load_run(run_dir):
     return cfg, evaluate_variants(cfg, os.path.join(ROOT, run_dir), variants, PRECISE_SAMPLES, "ablation.json")
 
 
+def technique_figures(label, pairs, base):
+    """One row's figures: its seeds, top-1 (mean, per seed) and, but for the baseline, the paired delta."""
+    top1 = [v for _, v in pairs]
+    out = {"seeds": [s for s, _ in pairs],
+           "top1": {"mean": round(float(np.mean(top1)), 2), "by_seed": [round(float(v), 2) for v in top1]}}
+    if not label.startswith("baseline"):
+        delta = np.array([v - base[s] for s, v in pairs])
+        out["vs_baseline"] = {"mean": round(float(delta.mean()), 2), "min": round(float(delta.min()), 2),
+                              "max": round(float(delta.max()), 2), "by_seed": [round(float(d), 2) for d in delta]}
+    return out
+
+
 def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_results_argument(p)
+    args = p.parse_args()
     import megengine  # noqa: F401
 
     from basebn.distributed import init
@@ -96,6 +114,12 @@ def main():
         print(f"| {label} | {top1.mean():.2f} | {d} | {len(pairs)} ({', '.join(str(s) for s, _ in pairs)}) |")
     for run, (cfg, res) in results.items():
         print(f"{run}: " + ", ".join(f"{w}/{m} {v:.2f}" for (w, m), v in res.items()))
+    figures = {"techniques": {label: technique_figures(label, pairs, base) for label, pairs in rows}}
+    save_run(args.results, "experiments/zoo_ablation.py", "table", default_threads(), figures,
+             "what each BN technique changes in the zoo's Fashion-MNIST runs (top-1, paired by seed)",
+             conditions=f"Full Fashion-MNIST (60k train / 10k test), the runs of scripts/build_zoo.sh; precise BN "
+                        f"pooled over {PRECISE_SAMPLES} training images; top-1 on the 10k test set, delta against "
+                        "the baseline of the same seed")
 
 
 if __name__ == "__main__":

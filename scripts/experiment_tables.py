@@ -87,4 +87,72 @@ def render_fmnist_c(data):
     return "\n".join(lines)
 
 
-RENDERERS = {"bn_noniid": render_bn_noniid, "fmnist_c": render_fmnist_c}
+def _provenance(run, name):
+    """'HOST, commit C ([results/NAME.json](...))'; a run transcribed from the docs names the commit that wrote it."""
+    commit = run["commit"][:12] if run.get("commit") else (
+        f"not recorded; figures first written in {run['recorded_in'][:12]}" if run.get("recorded_in")
+        else "not recorded")
+    return f"{run['host']['name']}, commit {commit} ([results/{name}.json](../results/{name}.json))"
+
+
+def render_bn_training(name):
+    """The renderer of one experiments/bn_training_table.py section (results/NAME.json): each configuration's top-1
+    and its paired difference against the section's reference, mean [min, max] over seeds, and the
+    running-statistics drift where the section measured it."""
+    def render(data):
+        run = last_table_run(data)
+        figures = run["figures"]
+        configs = figures["configurations"]
+        with_drift = any("drift" in c for c in configs.values())
+        lines = [f"| configuration | top-1 | vs {figures['reference']} (paired) |"
+                 + (" running-stat drift |" if with_drift else ""), "|---" * (4 if with_drift else 3) + "|"]
+        for label, c in configs.items():
+            diff = interval(c["vs_reference"], "{:+.2f}") if c.get("vs_reference") else "-"
+            row = f"| {label} | {interval(c['top1'], '{:.2f}')} | {diff} |"
+            if with_drift:
+                row += f" {interval(c['drift'], '{:.4f}')} |"
+            lines.append(row)
+        lines += ["", f"{run['conditions']}; measured on {_provenance(run, name)}."]
+        return "\n".join(lines)
+    return render
+
+
+def _count(n):
+    """272 K / 1.73 M / 4.09 G: three significant digits (experiments/models_table.py's human)."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return str(n)
+
+
+def render_models(data):
+    """Every model name: parameters, MACs at its default input, that input, the BN features verified (and on which
+    model of its family)."""
+    run = last_table_run(data)
+    lines = ["| model | params | MACs | input | BN features verified |", "|---|---|---|---|---|"]
+    for model, m in run["figures"]["models"].items():
+        lines.append(f"| `{model}` | {_count(m['params'])} | {_count(m['macs'])} | {m['input']} | "
+                     f"{m['features']} ({m['verified_on']}) |")
+    lines += ["", f"Counted on {_provenance(run, 'models')}."]
+    return "\n".join(lines)
+
+
+def render_zoo_ablation(data):
+    """Each BN technique of the zoo's runs: mean top-1 and the delta against the same seed's baseline (with its
+    [min, max] over several seeds), and the seeds behind it."""
+    run = last_table_run(data)
+    lines = ["| technique | top-1 (mean) | Δ vs baseline (mean [min, max]) | seeds |", "|---|---|---|---|"]
+    for label, t in run["figures"]["techniques"].items():
+        d = t.get("vs_baseline")
+        delta = "—" if d is None else interval(d, "{:+.2f}") if len(t["seeds"]) > 1 else f"{d['mean']:+.2f}"
+        seeds = f"{len(t['seeds'])} ({', '.join(map(str, t['seeds']))})"
+        lines.append(f"| {label} | {t['top1']['mean']:.2f} | {delta} | {seeds} |")
+    lines += ["", f"{run['conditions']}; measured on {_provenance(run, 'zoo_ablation')}."]
+    return "\n".join(lines)
+
+
+RENDERERS = {"bn_noniid": render_bn_noniid, "fmnist_c": render_fmnist_c,
+             "bn_training_small": render_bn_training("bn_training_small"),
+             "bn_training_accum": render_bn_training("bn_training_accum"),
+             "bn_training_large": render_bn_training("bn_training_large"),
+             "models": render_models, "zoo_ablation": render_zoo_ablation}
