@@ -10,7 +10,8 @@ from loguru import logger
 
 from tests.support import ROOT
 from tests.support.cli import TINY
-from tests.support.cuda_build import NVCC, build as build_cuda
+from tests.support.build_cache import cached_build
+from tests.support.cuda_build import NVCC, build as build_cuda, cache_key as cuda_cache_key, succeeded
 from tests.support.mpi_launch import mpi_skip_reason
 from tests.support.shared_build import build_once
 
@@ -19,8 +20,8 @@ from tests.support.shared_build import build_once
 SERIAL_TESTS = ("tests/integration/test_selfcheck_fallback.py::",
                 "tests/integration/test_data_workers_cli.py::test_no_orphan_workers_when_the_trainer_is_stopped")
 # the files that take minutes (nvcc and C++ builds, many CLI runs): started first in the parallel step
-LONG_FILES = ("tests/layers/test_kernels_cuda_compile.py", "tests/tools/test_cuda_harness.py",
-              "tests/layers/test_conv_dnnl.py", "tests/integration/test_train_cli.py")
+LONG_FILES = ("tests/ops/test_kernels_cuda_compile.py", "tests/tools/test_cuda_harness.py",
+              "tests/ops/test_conv_dnnl.py", "tests/integration/test_train_cli.py")
 
 
 def _file(item):
@@ -43,11 +44,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def cuda_build(tmp_path_factory):
-    """The CUDA sources compiled once for this run, every architecture in one nvcc call per source
-    (tests/support/cuda_build.py); skips where nvcc is missing."""
+    """The CUDA sources compiled for every architecture, one nvcc call per source (tests/support/cuda_build.py),
+    once for this run and kept between runs while the sources, headers, nvcc, host compiler, flags and MegEngine are the
+    same (tests/support/build_cache.py); skips where nvcc is missing."""
     if NVCC is None:
         pytest.skip("nvcc not found on PATH: CUDA compile check skipped")
-    return build_once(tmp_path_factory, "cuda_build", build_cuda)
+    return build_once(tmp_path_factory, "cuda_build",
+                      lambda _: cached_build("cuda_build", cuda_cache_key(), build_cuda, keep=succeeded))
 
 
 @pytest.fixture

@@ -44,6 +44,20 @@ def test_a_changed_figure_changes_the_page(results):
     assert "| 0.31% |" in new and "| 0.31% |" not in old
 
 
+def test_a_changed_adaptation_cell_changes_the_guide(results):
+    """The experiment tables are compared too: change one Fashion-MNIST-C cell of results/fmnist_c.json (TENT's
+    error on Gaussian noise, severity 5, batch 200) and the generated docs/bn_after_training.md shows it."""
+    changed = copy.deepcopy(results)
+    run = [r for r in changed["fmnist_c.json"]["runs"] if r["kind"] == "table"][-1]
+    run["figures"]["models"]["zoo:fmnist_r20_fullres_restart2"]["severity 5"]["batch 200"]["tent"][
+        "gaussian_noise"] = 99.94
+    old, new = make_figures.pages(changed, ROOT)["docs/bn_after_training.md"]
+
+    def gauss_cell(page):  # | severity | batch | --adapt | mean | clean | gauss | ...
+        return next(line for line in page.splitlines() if line.startswith("| 5 | 200 | tent |")).split(" | ")[5]
+    assert gauss_cell(new) == "99.9" != gauss_cell(old)
+
+
 def test_every_row_links_its_results_file_and_the_readme_has_at_most_ten():
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()

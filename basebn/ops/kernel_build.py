@@ -75,7 +75,7 @@ _CFLAGS = ("-O3", "-fopenmp-simd", "-fopenmp", "-fno-trapping-math", "-DNDEBUG",
 # -ffp-contract=off: no fused multiply-adds the source does not write, so element-wise results keep their bits.
 _AVX2_CFLAGS = ("-mavx2", "-ffp-contract=off")
 _LDFLAGS = ("-pthread", "-fopenmp")
-# oldest first; sm_70 (Volta) is gone from CUDA 13's nvcc, see tests/layers/test_kernels_cuda_compile.py
+# oldest first; sm_70 (Volta) is gone from CUDA 13's nvcc, see tests/ops/test_kernels_cuda_compile.py
 CUDA_ARCHS = ("70", "75", "80", "90")
 
 

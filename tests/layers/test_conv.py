@@ -1,5 +1,5 @@
 """The fast CPU conv (oneDNN ops, or the numpy weight gradient without them) against a numpy reference
-written from the definition. tests/layers/test_conv_dnnl.py covers the oneDNN ops in depth."""
+written from the definition. tests/ops/test_conv_dnnl.py covers the oneDNN ops in depth."""
 import numpy as np
 import pytest
 

@@ -1,12 +1,27 @@
 """Test-only controls of the BN kernels (basebn.ops.bn_ops, basebn.ops.kernel_library): the two knobs
 tests need that users never do.
 
-This module is the one place that touches their private state.
+This module is the one place that touches their private state. :func:`backend` is the fixture of the op and layer
+tests (tests/ops/conftest.py and tests/layers/conftest.py import it).
 """
 import contextlib
 
-from basebn.ops import kernel_library
+import pytest
+
+from basebn.ops import bn_ops, kernel_library
 from basebn.ops.bn_ops import kernel
+
+
+@pytest.fixture(params=["kernel", "fallback"])
+def backend(request):
+    """Run the test on each BN path: the compiled kernels (skipped, with the build error, where they cannot be
+    built) and the pure-MegEngine fallback."""
+    name = request.param
+    if name == "kernel" and not kernel_library.kernel_available():
+        pytest.skip(f"BN kernels unavailable: {kernel_library.kernel_error()}")
+    with bn_ops.use_backend(name):
+        assert bn_ops.backend() == name
+        yield name
 
 
 @contextlib.contextmanager

@@ -4,7 +4,8 @@
 ``bn_cuda.cu`` (the MegEngine glue) to objects holding SASS for each of :func:`compiled_archs`, with
 ``-Werror all-warnings``, and links the launchers into a shared library with nvcc. nvcc compiles the host side once
 and the device side once per architecture, so one call for all of them costs less than one call per architecture;
-:func:`fatbin_entries` reads back which architectures an object or library holds. No GPU is needed.
+:func:`fatbin_entries` reads back which architectures an object or library holds. No GPU is needed. :func:`cache_key`
+keys the build for tests/support/build_cache.py, which keeps it between runs.
 """
 import functools
 import os
@@ -17,6 +18,7 @@ import megengine
 from megengine.core.ops.custom import get_custom_op_abi_tag
 
 from basebn.ops import kernel_build
+from tests.support.build_cache import build_key, local_includes
 
 NVCC = shutil.which("nvcc")
 KERNEL_DIR = kernel_build.kernel_source_dir()
@@ -85,27 +87,56 @@ def _run(cmd):
     return Step(tuple(cmd), res.returncode, res.stdout + res.stderr)
 
 
-def _compile(src, obj, archs, with_megengine):
+def _compile_cmd(src, obj, archs, with_megengine):
     cmd = [NVCC, "-c", os.path.join(KERNEL_DIR, src), "-o", obj, "-std=c++14", "-O3", "-DBASEBN_WITH_CUDA",
            "-I", KERNEL_DIR, *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs),
            "--compiler-options", "-fPIC", "-Werror", "all-warnings"]
     if with_megengine:
         cmd += [f"-D_GLIBCXX_USE_CXX11_ABI={custom_op_abi()}", "-isystem", megengine_paths()[0]]
-    return _run(cmd)
+    return cmd
+
+
+def _outputs(outdir):
+    return (os.path.join(outdir, "bn_cuda_launch.o"), os.path.join(outdir, "bn_cuda.o"),
+            os.path.join(outdir, "libbasebn_bn_cuda.so"))
+
+
+def _commands(outdir, archs):
+    """The build's three commands into ``outdir``: the launchers' object, the glue's object, the launchers' library."""
+    launch_obj, glue_obj, standalone_so = _outputs(outdir)
+    return {"launch_obj": _compile_cmd("bn_cuda_launch.cu", launch_obj, archs, with_megengine=False),
+            "glue_obj": _compile_cmd("bn_cuda.cu", glue_obj, archs, with_megengine=True),
+            "standalone_so": [NVCC, "-shared", "-o", standalone_so, launch_obj]}
 
 
 def build(outdir):
     """Compile and link into ``outdir`` (see the module docstring); a step that fails is recorded, not raised."""
     archs = compiled_archs()
-    out = CudaBuild(archs, os.path.join(outdir, "bn_cuda_launch.o"), os.path.join(outdir, "bn_cuda.o"),
-                    os.path.join(outdir, "libbasebn_bn_cuda.so"), {})
-    out.steps["launch_obj"] = _compile("bn_cuda_launch.cu", out.launch_obj, archs, with_megengine=False)
-    out.steps["glue_obj"] = _compile("bn_cuda.cu", out.glue_obj, archs, with_megengine=True)
+    out = CudaBuild(archs, *_outputs(outdir), {})
+    cmds = _commands(outdir, archs)
+    out.steps["launch_obj"] = _run(cmds["launch_obj"])
+    out.steps["glue_obj"] = _run(cmds["glue_obj"])
     if out.steps["launch_obj"].returncode == 0:
-        out.steps["standalone_so"] = _run([NVCC, "-shared", "-o", out.standalone_so, out.launch_obj])
+        out.steps["standalone_so"] = _run(cmds["standalone_so"])
     else:
         out.steps["standalone_so"] = Step(("nvcc", "-shared"), 1, "not linked: bn_cuda_launch.cu did not compile")
     return out
+
+
+def succeeded(out):
+    """Whether every step of the build ``out`` succeeded (only such a build is kept between runs)."""
+    return all(step.returncode == 0 for step in out.steps.values())
+
+
+def cache_key():
+    """What :func:`build`'s output depends on, hashed (tests/support/build_cache.py): the two sources and the local
+    headers they include; nvcc and its host compilers (path and version); the commands, with the source, MegEngine
+    include and output folders as placeholders (no check reads where they lay); MegEngine's version and ABI."""
+    cmds = _commands("<out>", compiled_archs())
+    values = [[arg.replace(KERNEL_DIR, "<src>").replace(megengine_paths()[0], "<megengine>") for arg in cmd]
+              for cmd in cmds.values()]
+    sources = local_includes([os.path.join(KERNEL_DIR, name) for name in ("bn_cuda_launch.cu", "bn_cuda.cu")])
+    return build_key(sources, (NVCC, "gcc", "g++"), (values, megengine.__version__, custom_op_abi()))
 
 
 def fatbin_entries(path):

@@ -1,4 +1,4 @@
-// Runs basebn/ops/csrc/conv_depthwise_cpu.h's three ops on raw float32 files, for tests/layers/test_conv_dnnl.py
+// Runs basebn/ops/csrc/conv_depthwise_cpu.h's three ops on raw float32 files, for tests/ops/test_conv_dnnl.py
 // (built there with and without -DBASEBN_DEPTHWISE_PORTABLE). Usage:
 //   depthwise_harness N C H W K S P DIR   reads DIR/{x,w,b,dy,add}.f32, writes DIR/{y,dx,dw,db}.f32
 #include <cstdio>

@@ -1,4 +1,4 @@
-// Runs basebn/ops/csrc/strided_rows.h's gather on a raw float32 file, for tests/layers/test_strided_gather.py.
+// Runs basebn/ops/csrc/strided_rows.h's gather on a raw float32 file, for tests/ops/test_strided_gather.py.
 // Usage:
 //   gather_harness SRC OUT N ND SHAPE... STRIDE...   reads SRC (float32), writes the N gathered values to OUT
 #include <cstdio>

@@ -4,7 +4,9 @@ The GPU part runs only on a GPU machine (python benchmarks/cuda/run_harness.py);
 harness mirrors equals basebn's own (bn_function's packing, moments' merge) and the whole batch's numpy
 statistics; without PyTorch the harness compiles only and exits 0 with the reason; the library it builds
 exports the C API, and a call with bad arguments returns cudaErrorInvalidValue without touching a GPU. The library
-is built once per run (``harness_build_dir``) and the harness run finds it in its build folder.
+is built once per run (``harness_build_dir``), and kept between runs while the sources, the headers they include,
+the harness's build code, nvcc and its host compiler are the same (tests/support/build_cache.py); the harness run
+finds it in its build folder.
 """
 import ctypes
 import importlib.util
@@ -21,6 +23,7 @@ import megengine as mge
 from basebn.layers import bn_function
 from basebn.layers.moments import merge_all
 from tests.support import ROOT
+from tests.support.build_cache import build_key, cached_build, local_includes
 from tests.support.shared_build import build_once
 
 HARNESS_DIR = os.path.join(ROOT, "benchmarks", "cuda")
@@ -41,13 +44,16 @@ ARCHS = ["80"]  # one architecture keeps the build short
 
 @pytest.fixture(scope="session")
 def harness_build_dir(tmp_path_factory):
-    """The harness's build folder, holding its library for ARCHS, built once for this run by its own
-    build_library (run_harness.py --build-dir reuses it: the name is keyed by the sources and flags); None without
-    nvcc."""
+    """The harness's build folder, holding its library for ARCHS, built by its own build_library
+    (run_harness.py --build-dir reuses it: the name is keyed by the sources and flags), once for this run and kept
+    between runs under a key of everything it is built from (the checkout's path too: the flags name it); None
+    without nvcc."""
     if NVCC is None:
         return None
-    return build_once(tmp_path_factory, "cuda_harness",
-                      lambda folder: (bn_cuda_lib.build_library(NVCC, ARCHS, folder), folder))
+    sources = local_includes([os.path.join(bn_cuda_lib.KERNEL_DIR, "bn_cuda_launch.cu")])
+    key = build_key(sources + [bn_cuda_lib.__file__], (NVCC, "gcc", "g++"), (ARCHS, bn_cuda_lib.KERNEL_DIR))
+    return build_once(tmp_path_factory, "cuda_harness", lambda _: cached_build(
+        "cuda_harness", key, lambda folder: (bn_cuda_lib.build_library(NVCC, ARCHS, folder), folder)))
 
 
 def test_packed_rows_are_bn_functions():

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <vector>
 
-// BASEBN_DEPTHWISE_PORTABLE leaves the AVX2 code out (tests/layers/test_conv_dnnl.py builds the portable loops so)
+// BASEBN_DEPTHWISE_PORTABLE leaves the AVX2 code out (tests/ops/test_conv_dnnl.py builds the portable loops so)
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(BASEBN_DEPTHWISE_PORTABLE)
 #include <immintrin.h>
 #define BASEBN_DEPTHWISE_AVX2 1

@@ -6,7 +6,9 @@ objects' fat binaries. The kernels and their launchers (bn_cuda_kernels.cuh, bn_
 bn_cuda_launch.h) compile with nvcc alone, without MegEngine's include path, into the shared library
 benchmarks/cuda/run_harness.py loads; the MegEngine glue (bn_cuda.cu) and the CUDA registration (bn_ops.cpp with
 -DBASEBN_WITH_CUDA) are compiled and everything is linked into a shared library with --no-undefined against
-MegEngine and cudart, which proves every symbol resolves. Skipped, with the reason, when nvcc is absent.
+MegEngine and cudart, which proves every symbol resolves. Skipped, with the reason, when nvcc is absent. The
+session's build and the MegEngine build are kept between runs under a key of everything they are built from, as
+ccache keeps objects (tests/support/build_cache.py).
 
 CUDA 13's nvcc no longer supports sm_70 (Volta): the sm_70 case then skips with that reason and
 ``test_oldest_supported_arch`` checks the oldest architecture this nvcc offers (sm_75), which the build includes.
@@ -17,7 +19,10 @@ import subprocess
 
 import pytest
 
+import megengine
+
 from basebn.ops import kernel_build
+from tests.support.build_cache import build_key, cached_build
 from tests.support.cuda_build import (KERNEL_DIR, NVCC, REQUESTED_ARCHS, custom_op_abi, fatbin_entries,
                                       megengine_paths, nvcc_archs, nvcc_version, single_arch)
 
@@ -89,10 +94,12 @@ def test_cuda_registration_compiles_and_links(cuda_build, tmp_path):
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout}\n{res.stderr}"
 
 
-def test_megengine_cuda_build(tmp_path, monkeypatch):
+def test_megengine_cuda_build(monkeypatch):
     """The exact GPU-machine build path: bn_ops' CUDA build spec through MegEngine's ninja build
     (nvcc + c++, -DBASEBN_WITH_CUDA, cudart link), for one arch to keep it short. Not loaded:
-    there is no GPU here."""
+    there is no GPU here. The build is kept between runs while the spec's sources, headers, flags and include
+    folders, MegEngine (its version, ABI and build script), the toolkit, the compilers and ninja are the same
+    (tests/support/build_cache.py)."""
     from megengine.utils import custom_op_tools as cot
 
     root = kernel_build.find_cuda_root(NVCC)
@@ -105,16 +112,18 @@ def test_megengine_cuda_build(tmp_path, monkeypatch):
     spec = kernel_build.kernel_build_spec(with_cuda=True, cuda_archs=(arch,))
     assert any(s.endswith(".cu") for s in spec.sources) and "-DBASEBN_WITH_CUDA" in spec.cflags
     assert f"-gencode=arch=compute_{arch},code=sm_{arch}" in spec.cuda_cflags
-    path = cot.build(
-        "basebn_bn_cudacheck",
-        spec.sources,
-        extra_cflags=list(spec.cflags),
-        extra_cuda_cflags=list(spec.cuda_cflags),
-        extra_ldflags=list(spec.ldflags) + ["-Wl,--no-undefined"],
-        extra_include_paths=list(spec.include_dirs),
-        with_cuda=True,
-        build_dir=str(tmp_path),
-    )
+    ldflags = list(spec.ldflags) + ["-Wl,--no-undefined"]
+
+    def make(folder):
+        return cot.build("basebn_bn_cudacheck", spec.sources, extra_cflags=list(spec.cflags),
+                         extra_cuda_cflags=list(spec.cuda_cflags), extra_ldflags=ldflags,
+                         extra_include_paths=list(spec.include_dirs), with_cuda=True, build_dir=folder)
+
+    tools = (os.path.join(root, "bin", "nvcc"), os.environ.get("CXX", "c++"), "gcc", "g++", "ninja")
+    key = build_key(spec.sources + spec.headers + [cot.__file__], tools,
+                    (spec.cflags, spec.cuda_cflags, ldflags, spec.include_dirs, root, custom_op_abi(),
+                     megengine.__version__))
+    path = cached_build("megengine_cuda_build", key, make, keep=lambda p: p is not None and os.path.exists(p))
     assert path is not None and os.path.exists(path), path
 
 
