@@ -34,9 +34,25 @@ def render_bn_noniid(data):
             cells = [interval(by_sampling[s]["top1"]) for s in samplings]
             cells += [interval(by_sampling[s]["mode_gap"], signed=True) for s in samplings]
             lines.append(f"| {batch.split()[-1]} | {norm} | " + " | ".join(cells) + " |")
+    lines += ["", "Against BN at the same batch and sampling, paired by seed (top-1 points, mean [min, max]):", "",
+              "| batch | norm | " + " | ".join(f"vs BN, {s}" for s in samplings) + " |",
+              "|---|---|" + "---:|" * len(samplings)]
+    for batch, norms in figures.items():
+        for norm, by_sampling in norms.items():
+            if norm == "BN":
+                continue
+            cells = [interval(_paired(by_sampling[s]["top1"], norms["BN"][s]["top1"]), signed=True)
+                     for s in samplings]
+            lines.append(f"| {batch.split()[-1]} | {norm} | " + " | ".join(cells) + " |")
     lines += ["", f"{run['conditions']}. Measured on {run['host']['name']}, commit "
                   f"{(run['commit'] or 'not recorded')[:12]} ([results/bn_noniid.json](../results/bn_noniid.json))."]
     return "\n".join(lines)
+
+
+def _paired(summary, reference):
+    """{"mean", "min", "max"} of the per-seed differences of two summaries holding "seeds" in the same order."""
+    d = [a - b for a, b in zip(summary["seeds"], reference["seeds"])]
+    return {"mean": sum(d) / len(d), "min": min(d), "max": max(d)}
 
 
 # column heads of the Fashion-MNIST-C corruptions (experiments/adapt_table.py's SHORT)
