@@ -45,3 +45,6 @@ from .pooling import AdaptiveAvgPool2d, GlobalAvgPool2d  # noqa: F401
 from .precise_bn import collect_bn_population_stats, update_bn_stats  # noqa: F401
 from .se import SqueezeExcite, se_width  # noqa: F401
 from .sync_bn import SyncBatchNorm, local_statistics  # noqa: F401
+from .deprecated_paths import install as _install_deprecated_paths
+
+_install_deprecated_paths()  # the ops' old paths (basebn.layers.conv_ops, ...) still import, with a warning
