@@ -167,7 +167,30 @@ def render_zoo_ablation(data):
     return "\n".join(lines)
 
 
-RENDERERS = {"bn_noniid": render_bn_noniid, "fmnist_c": render_fmnist_c,
+def render_bn_freeze(data):
+    """Each schedule: the highest lr of the frozen epoch, top-1 without and with the last epoch frozen, the paired
+    difference, and the seeds whose frozen run stopped non-finite (with the frozen step)."""
+    run = last_table_run(data)
+    lines = ["| schedule | frozen epoch's lr (of peak) | top-1, not frozen | top-1, last epoch frozen | "
+             "frozen − not frozen (paired) | frozen loss peak / loss before, worst seed | diverged when frozen |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for schedule, row in run["figures"].items():
+        lr = row["frozen_epoch_lr"]
+        cells = [f"{lr['highest']:g} ({lr['of_peak']:.2g})"]
+        cells += [interval(row[k]["top1"], "{:.2f}") if row[k]["top1"] else "—" for k in ("freeze 0", "freeze 1")]
+        cells.append(interval(row["paired_difference"], "{:.2f}", signed=True) if row["paired_difference"] else "—")
+        jumps = [peak / before for before, peak in row["freeze 1"].get("loss_before_freeze_and_frozen_peak",
+                                                                        {}).values() if before and peak]
+        cells.append(f"{max(jumps):.1f}×" if jumps else "—")
+        stopped = row["freeze 1"]["diverged_at_frozen_step"]
+        cells.append(", ".join(f"seed {s} (step {n})" for s, n in stopped.items()) if stopped else "none of "
+                     f"{len(row['freeze 1']['seeds'])}")
+        lines.append(f"| {schedule} | " + " | ".join(cells) + " |")
+    lines += ["", f"{run['conditions']}. Measured on {_provenance(run, 'bn_freeze')}."]
+    return "\n".join(lines)
+
+
+RENDERERS = {"bn_noniid": render_bn_noniid, "bn_freeze": render_bn_freeze, "fmnist_c": render_fmnist_c,
              "bn_training_small": render_bn_training("bn_training_small"),
              "bn_training_accum": render_bn_training("bn_training_accum"),
              "bn_training_large": render_bn_training("bn_training_large"),

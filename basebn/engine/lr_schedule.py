@@ -13,7 +13,7 @@ PEAK_FRACTION = 0.5  # schedule_warning speaks when the highest lr is below this
 _PEAK_SAMPLES = 2000  # points of the run at which peak_factor evaluates the schedule
 FREEZE_LR_FRACTION = 0.01
 """freeze_warning speaks when the lr of the frozen epochs rises above this fraction of the run's peak lr: training on
-frozen BN statistics diverged above it and not at it (results/bn_freeze.json, docs/bn_training.md)."""
+frozen BN statistics cost accuracy above it in every schedule measured, and nothing at it (results/bn_freeze.json)."""
 
 
 def lr_at(it: int, iters_per_epoch: int, solver: Any, base_lr: float) -> float:
@@ -113,7 +113,7 @@ def freeze_warning(solver: Any, freeze_last_epochs: int, base_lr: float) -> Opti
     if frozen <= FREEZE_LR_FRACTION * peak * (1 + 1e-9):
         return None
     return (f"bn.freeze_last_epochs={freeze_last_epochs}: the lr of the frozen epochs reaches {base_lr * frozen:.3g}, "
-            f"{frozen / peak:.2g} of the peak {base_lr * peak:.3g}; training on frozen BN statistics diverged above "
-            f"{FREEZE_LR_FRACTION:g} of the peak (docs/bn_training.md): freeze only epochs whose lr is at most that "
-            f"(e.g. solver.lr_schedule='step' with a last decay step at epoch "
+            f"{frozen / peak:.2g} of the peak {base_lr * peak:.3g}; frozen BN statistics cost accuracy above "
+            f"{FREEZE_LR_FRACTION:g} of the peak, up to 14 points (docs/bn_training.md): freeze only epochs at "
+            f"most that (e.g. solver.lr_schedule='step' with a last decay step at epoch "
             f"{solver.max_epoch - freeze_last_epochs:g}), or set bn.freeze_last_epochs=0")
