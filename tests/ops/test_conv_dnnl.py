@@ -148,13 +148,19 @@ def run_case(case, x, wd, b, dy, transpose_x=False):
     return y.numpy(), dx, wp.grad.numpy().reshape(wd.shape), (bp.grad.numpy().ravel() if bp is not None else None)
 
 
+def inputs_and_output_gradient(case, seed):
+    """make_inputs(case, seed) and a random dy of the convolution's output shape, drawn after them."""
+    stride, pad, dil = case[6:9]
+    x, wd, b, rng = make_inputs(case, seed=seed)
+    ho_wo = taps(x.shape, wd.shape, stride, pad, dil)[1]
+    return x, wd, b, rng, rng.standard_normal((x.shape[0], wd.shape[0]) + ho_wo).astype(np.float32)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_values_and_gradients_match_float64_reference(name, op_calls):
     case = CASES[name]
     stride, pad, dil, groups = case[6:10]
-    x, wd, b, rng = make_inputs(case)
-    ho_wo = taps(x.shape, wd.shape, stride, pad, dil)[1]
-    dy = rng.standard_normal((x.shape[0], wd.shape[0]) + ho_wo).astype(np.float32)
+    x, wd, b, rng, dy = inputs_and_output_gradient(case, seed=0)
     y_ref, dx_ref, dw_ref, db_ref = reference(x, wd, b, dy, stride, pad, dil, groups)
     y, dx, dw, db = run_case(case, x, wd, b, dy)
     assert op_calls == {"fwd": 1, "bwd-data": 1, "bwd-w": 1}
@@ -170,9 +176,7 @@ def test_non_contiguous_input_and_gradient(name, op_calls):
     """x is a transposed view; dy arrives transposed too (the loss reads y through a transpose)."""
     case = CASES[name]
     stride, pad, dil, groups = case[6:10]
-    x, wd, b, rng = make_inputs(case, seed=3)
-    ho_wo = taps(x.shape, wd.shape, stride, pad, dil)[1]
-    dy = rng.standard_normal((x.shape[0], wd.shape[0]) + ho_wo).astype(np.float32)
+    x, wd, b, rng, dy = inputs_and_output_gradient(case, seed=3)
     y_ref, dx_ref, dw_ref, db_ref = reference(x, wd, b, dy, stride, pad, dil, groups)
     y, dx, dw, db = run_case(case, x, wd, b, dy, transpose_x=True)
     assert op_calls["fwd"] == 1
@@ -413,9 +417,7 @@ def conv_module_for(case, wd, b):
 def test_conv_and_identity_adds_the_shortcut_gradient_in_the_data_gradient_op(name, added_gradients):
     case = CASES[name]
     stride, pad, dil, groups = case[6:10]
-    x, wd, b, rng = make_inputs(case, seed=5)
-    ho_wo = taps(x.shape, wd.shape, stride, pad, dil)[1]
-    dy = rng.standard_normal((x.shape[0], wd.shape[0]) + ho_wo).astype(np.float32)
+    x, wd, b, rng, dy = inputs_and_output_gradient(case, seed=5)
     g_shortcut = rng.standard_normal(x.shape).astype(np.float32)
     conv = conv_module_for(case, wd, b)
     xp = mge.Parameter(x)

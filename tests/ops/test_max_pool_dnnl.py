@@ -103,13 +103,18 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_values_and_gradient_match_float64_reference(name, op_calls):
+def case_with_reference(name, seed):
+    """(the case, x with ties, dy, the float64 reference's y and dx) of CASES[name]."""
     shape, kernel, stride, pad = CASES[name]
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     x = tie_heavy(shape, rng)
     dy = rng.standard_normal(out_shape(shape, kernel, stride, pad)).astype(np.float32)
-    y_ref, dx_ref = reference(x, dy, kernel, stride, pad)
+    return CASES[name], x, dy, *reference(x, dy, kernel, stride, pad)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_values_and_gradient_match_float64_reference(name, op_calls):
+    (shape, kernel, stride, pad), x, dy, y_ref, dx_ref = case_with_reference(name, seed=0)
     y, dx = run_module(x, dy, kernel, stride, pad)
     assert op_calls == {"fwd": 1, "bwd": 1}
     assert rel_err(y, y_ref) <= TOL
@@ -118,11 +123,7 @@ def test_values_and_gradient_match_float64_reference(name, op_calls):
 
 @pytest.mark.parametrize("name", ["3x3 s2 p1 odd sizes", "2x2 s2 odd sizes", "non-square"])
 def test_non_contiguous_input_and_gradient(name, op_calls):
-    shape, kernel, stride, pad = CASES[name]
-    rng = np.random.default_rng(1)
-    x = tie_heavy(shape, rng)
-    dy = rng.standard_normal(out_shape(shape, kernel, stride, pad)).astype(np.float32)
-    y_ref, dx_ref = reference(x, dy, kernel, stride, pad)
+    (shape, kernel, stride, pad), x, dy, y_ref, dx_ref = case_with_reference(name, seed=1)
     y, dx = run_module(x, dy, kernel, stride, pad, transpose=True)
     assert op_calls == {"fwd": 1, "bwd": 1}
     assert rel_err(y, y_ref) <= TOL and rel_err(dx, dx_ref) <= TOL
