@@ -55,7 +55,7 @@ def _paired(summary, reference):
     return {"mean": sum(d) / len(d), "min": min(d), "max": max(d)}
 
 
-# column heads of the Fashion-MNIST-C corruptions (experiments/adapt_table.py's SHORT)
+# column heads of the Fashion-MNIST-C corruptions (results/fmnist_c.json names them in full)
 FMNIST_C_SHORT = {"gaussian_noise": "gauss", "shot_noise": "shot", "impulse_noise": "impulse",
                   "defocus_blur": "defocus", "glass_blur": "glass", "motion_blur": "motion", "zoom_blur": "zoom",
                   "snow": "snow", "frost": "frost", "fog": "fog", "brightness": "bright", "contrast": "contrast",
