@@ -70,6 +70,16 @@ def test_an_old_path_keeps_the_new_modules_spec(forget_old_paths):
     assert importlib.reload(new) is new
 
 
+def test_an_old_submodule_path_leaves_the_packages_functions_alone(forget_old_paths):
+    """basebn.ops.bn_ops.backend is a function and the name of a submodule: importing the old submodule path must
+    not put the submodule on the package in its place."""
+    bn_ops = importlib.import_module("basebn.ops.bn_ops")
+    function = bn_ops.backend
+    with pytest.warns(DeprecationWarning):
+        importlib.import_module("basebn.layers.bn_ops.backend")
+    assert bn_ops.backend is function and callable(bn_ops.backend)
+
+
 def test_a_name_not_moved_is_not_found():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("basebn.layers.no_such_ops")

@@ -67,7 +67,14 @@ def build_data(cfg: BaseConfig, train: bool = True) -> Tuple[Any, Any]:
 
 
 def test_batch_size(cfg: BaseConfig) -> int:
-    """Images per batch of the test split: test_batch_size, else batch_size."""
+    """Images per batch of the test split: test_batch_size, else batch_size.
+
+    Args:
+        cfg: the config.
+
+    Returns:
+        The batch size of evaluation and of basebn.test (its --adapt methods included), per process.
+    """
     return cfg.test_batch_size or cfg.batch_size
 
 

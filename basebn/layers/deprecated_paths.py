@@ -36,6 +36,11 @@ class _MovedOpsFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                       f"release)", DeprecationWarning, stacklevel=2)
         module = importlib.import_module(_NEW + rest)
         self._real_specs[module.__name__] = module.__spec__
+        if rest == top and hasattr(module, "__path__"):
+            # its submodules imported already get their old names now: the import system then finds them in
+            # sys.modules and does not set them on the package over its same-named functions (bn_ops.backend)
+            for name in [n for n in sys.modules if n.startswith(module.__name__ + ".")]:
+                sys.modules[_OLD + top + name[len(module.__name__):]] = sys.modules[name]
         return module
 
     def exec_module(self, module):
