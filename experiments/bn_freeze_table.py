@@ -21,14 +21,13 @@ import re
 import subprocess
 import sys
 
-import numpy as np
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from basebn.config import load_config  # noqa: E402
 from basebn.engine.lr_schedule import frozen_lr_factor, peak_factor  # noqa: E402
 from benchmarks.results_file import add_results_argument, save_run  # noqa: E402
+from seed_runs import seed_summary  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "fmnist_resnet20.py")
 TRAIN_IMAGES, EPOCHS, BATCH = 12000, 4, 128
@@ -114,11 +113,6 @@ def run_minutes(out):
     return (last - first).total_seconds() / 60
 
 
-def summary(values):
-    v = np.asarray(values, dtype=float)
-    return {"mean": round(float(v.mean()), 2), "min": round(float(v.min()), 2), "max": round(float(v.max()), 2)}
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
@@ -137,10 +131,10 @@ def main():
                 "diverged_at_frozen_step": {str(s): r["diverged"] for s, r in zip(args.seeds, rs) if "diverged" in r},
                 "loss_before_freeze_and_frozen_peak": {str(s): [r["loss_before_freeze"], r["frozen_loss_peak"]]
                                                        for s, r in zip(args.seeds, rs) if "frozen_loss_peak" in r},
-                "top1": summary(finished) if finished else None}
+                "top1": seed_summary(finished) if finished else None}
             print(schedule, n, row[f"freeze {n}"], flush=True)
         pairs = [(a["top1"], b["top1"]) for a, b in zip(results[1], results[0]) if "top1" in a and "top1" in b]
-        row["paired_difference"] = summary([a - b for a, b in pairs]) if pairs else None
+        row["paired_difference"] = seed_summary([a - b for a, b in pairs]) if pairs else None
         solver = load_config(CONFIG, overrides(schedule, 1, args.seeds[0], "unused")).solver
         row["frozen_epoch_lr"] = {"highest": round(solver.basic_lr * frozen_lr_factor(solver, 1), 5),
                                   "of_peak": round(frozen_lr_factor(solver, 1) / peak_factor(solver), 4)}

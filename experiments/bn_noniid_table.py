@@ -41,6 +41,7 @@ from basebn.layers.batch_renorm import set_renorm_limits  # noqa: E402
 from basebn.layers.norm import is_bn  # noqa: E402
 from basebn.models import load_weights  # noqa: E402
 from benchmarks.results_file import add_results_argument, save_run  # noqa: E402
+from seed_runs import mpiexec, seed_summary  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "fmnist_resnet20.py")
 TRAIN_IMAGES, EPOCHS = 8000, 1
@@ -95,11 +96,6 @@ def full_overrides(overrides, seed, out):
                         "test_batch_size=500"]
 
 
-def _mpiexec():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return local if os.access(local, os.X_OK) else "mpiexec"
-
-
 def train_and_measure(task, args):
     """Train one run (skipped when finished, resumed when interrupted), then its mode gap (skipped when recorded)."""
     batch, sampling, norm, overrides, procs, seed = task
@@ -110,7 +106,7 @@ def train_and_measure(task, args):
     if not os.path.isfile(os.path.join(out, "final.npz")):
         cmd = [sys.executable, "-m", "basebn.train", CONFIG, *full]
         if procs > 1:
-            cmd = [_mpiexec(), "-n", str(procs)] + cmd
+            cmd = [mpiexec(), "-n", str(procs)] + cmd
         if os.path.isdir(out):
             cmd.append("--resume")
         subprocess.run(cmd, cwd=ROOT, check=True, env=env, stdout=subprocess.DEVNULL)
@@ -160,12 +156,6 @@ def mode_gap(out, procs, overrides):
         json.dump(result, f)
 
 
-def summary(values):
-    v = np.asarray(values, dtype=float)
-    return {"mean": round(float(v.mean()), 2), "min": round(float(v.min()), 2), "max": round(float(v.max()), 2),
-            "seeds": [round(float(a), 2) for a in v]}
-
-
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--mode-gap":
         return mode_gap(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
@@ -192,7 +182,7 @@ def main():
         runs = [done[(batch, sampling, norm, s)] for s in args.seeds]
         gap = [r["train_mode"] - r["eval_mode"] for r in runs]
         figures.setdefault(f"batch {batch}", {}).setdefault(norm, {})[sampling] = {
-            "top1": summary([r["top1"] for r in runs]), "mode_gap": summary(gap)}
+            "top1": seed_summary([r["top1"] for r in runs]), "mode_gap": seed_summary(gap)}
     minutes = round((time.time() - start) / 60, 1)
     print(json.dumps(figures))
     conditions = (f"Fashion-MNIST, ResNet-20 width 8 (stride-2 stem), first {TRAIN_IMAGES} training images, "

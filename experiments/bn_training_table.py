@@ -37,6 +37,7 @@ from basebn.engine.build import build_data, build_model_from_cfg  # noqa: E402
 from basebn.engine.metrics_log import metrics_path, read_metrics  # noqa: E402
 from basebn.models import load_weights  # noqa: E402
 from benchmarks.results_file import add_results_argument, default_threads, save_run  # noqa: E402
+from seed_runs import mpiexec, seed_summary  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "fmnist_resnet20.py")
 
@@ -85,11 +86,6 @@ RECORDED = {"small": "BN, BRN, GN and SyncBN at batch 4 vs BN at batch 32 (Fashi
             "large": "one batch of 512 normalized in groups (bn.norm_batch_size 512 / 128 / 32 / 8)"}
 
 
-def _mpiexec():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return local if os.access(local, os.X_OK) else "mpiexec"
-
-
 def run(label, overrides, procs, seed, args, section):
     """Train one configuration (skipped when its final.npz exists); returns (top-1, output_dir, overrides)."""
     out = os.path.join(args.out, section, label.replace(" ", "_").replace(",", ""), f"seed{seed}")
@@ -100,7 +96,7 @@ def run(label, overrides, procs, seed, args, section):
     if find_checkpoint(out, FINAL) is None:
         cmd = [sys.executable, "-m", "basebn.train", CONFIG, *full]
         if procs > 1:
-            cmd = [_mpiexec(), "-n", str(procs)] + cmd
+            cmd = [mpiexec(), "-n", str(procs)] + cmd
         if os.path.isdir(out):
             cmd.append("--resume")
         subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"} if procs > 1 else None)
@@ -129,13 +125,6 @@ def _diff(values, ref):
     return f"{d.mean():+.2f} [{d.min():+.2f}, {d.max():+.2f}]"
 
 
-def summary(values, digits=2):
-    """{"mean", "min", "max", "seeds"} of per-seed values, rounded to the digits the table shows."""
-    v = np.asarray(values, dtype=float)
-    return {"mean": round(float(v.mean()), digits), "min": round(float(v.min()), digits),
-            "max": round(float(v.max()), digits), "seeds": [round(float(a), digits) for a in v]}
-
-
 def table(section, args):
     """Runs one section, prints its markdown table; returns its figures (the layout its results file holds)."""
     ref_label, configs = sections()[section]
@@ -156,12 +145,12 @@ def table(section, args):
     for label, r in results.items():
         top1 = [x[0] for x in r]
         row = f"| {label} | {_cell(top1)} | {'-' if label == ref_label else _diff(top1, ref)} |"
-        figures["configurations"][label] = entry = {"top1": summary(top1)}
+        figures["configurations"][label] = entry = {"top1": seed_summary(top1)}
         if label != ref_label:
-            entry["vs_reference"] = summary(np.asarray(top1) - np.asarray(ref))
+            entry["vs_reference"] = seed_summary(np.asarray(top1) - np.asarray(ref))
         if with_drift:
             row += f" {_cell(drifts[label], '.4f')} |"
-            entry["drift"] = summary(drifts[label], digits=4)
+            entry["drift"] = seed_summary(drifts[label], digits=4)
         print(row)
     return figures
 

@@ -19,6 +19,7 @@ import megengine as mge  # noqa: E402
 from basebn.models import build_model, list_models, model_info  # noqa: E402
 from basebn.tools.summary import summarize  # noqa: E402
 from benchmarks.results_file import add_results_argument, default_threads, save_run  # noqa: E402
+from scripts.experiment_tables import MODELS_HEAD, model_row  # noqa: E402
 from tests.models.test_model_bn_features import REPRESENTATIVES, ZERO_INIT_FAMILIES  # noqa: E402
 
 FEATURES = "E F S Fz P W"
@@ -29,14 +30,6 @@ LEGEND = ("BN features verified (tests/models/test_model_bn_features.py, on the 
           "F deploy fusion, S SyncBN conversion round trip, Fz FrozenBN conversion, P precise BN, "
           "W no weight decay on norm parameters and biases, Z zero-init of the last BN gamma in residual blocks. "
           "Parameters at 1000 classes, 10 for the 32-px families; MACs for one image at the input size.")
-
-
-def human(n):
-    """12.3 M / 4.09 G style."""
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return str(n)
 
 
 def num_classes(info):
@@ -58,11 +51,6 @@ def measure(name):
             "verified_on": REPRESENTATIVES[family][0]}
 
 
-def row(name, m):
-    return (f"| `{name}` | {human(m['params'])} | {human(m['macs'])} | {m['input']} | "
-            f"{m['features']} ({m['verified_on']}) |")
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="*", metavar="NAME", help="these models only (default: every name)")
@@ -70,12 +58,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.results and args.names:
         p.error("--results records the whole table: give no model names with it")
-    print("| model | params | MACs | input | BN features verified |")
-    print("|---|---|---|---|---|")
+    print("\n".join(MODELS_HEAD))
     models = {}
     for name in args.names or list_models():
         models[name] = measure(name)
-        print(row(name, models[name]), flush=True)
+        print(model_row(name, models[name]), flush=True)
     print()
     print(LEGEND)
     save_run(args.results, "experiments/models_table.py", "table", default_threads(),

@@ -22,6 +22,14 @@ def interval(summary, fmt="{:.1f}", signed=False):
     return f"{f(summary['mean'])} [{f(summary['min'])}, {f(summary['max'])}]"
 
 
+def _provenance(run, name):
+    """'HOST, commit C ([results/NAME.json](...))'; a run transcribed from the docs names the commit that wrote it."""
+    commit = run["commit"][:12] if run.get("commit") else (
+        f"not recorded; figures first written in {run['recorded_in'][:12]}" if run.get("recorded_in")
+        else "not recorded")
+    return f"{run['host']['name']}, commit {commit} ([results/{name}.json](../results/{name}.json))"
+
+
 def render_bn_noniid(data):
     """BN / BRN / GN / ghost BN / SyncBN by sampling: eval-mode top-1 and the train-minus-eval mode gap."""
     run = last_table_run(data)
@@ -44,8 +52,7 @@ def render_bn_noniid(data):
             cells = [interval(_paired(by_sampling[s]["top1"], norms["BN"][s]["top1"]), signed=True)
                      for s in samplings]
             lines.append(f"| {batch.split()[-1]} | {norm} | " + " | ".join(cells) + " |")
-    lines += ["", f"{run['conditions']}. Measured on {run['host']['name']}, commit "
-                  f"{(run['commit'] or 'not recorded')[:12]} ([results/bn_noniid.json](../results/bn_noniid.json))."]
+    lines += ["", f"{run['conditions']}. Measured on {_provenance(run, 'bn_noniid')}."]
     return "\n".join(lines)
 
 
@@ -98,17 +105,8 @@ def render_fmnist_c(data):
     per_cell = ", ".join(f"{m} {s:.0f} s" for m, s in cond["seconds_per_cell"].items())
     lines += ["", f"Top-1 error (%) on {cond['images_per_set']:,} test images per set{missing}. "
                   f"{cond['machine_minutes']:.0f} min of machine time (per cell: {per_cell}), measured on "
-                  f"{run['host']['name']}, commit {(run['commit'] or 'not recorded')[:12]} "
-                  "([results/fmnist_c.json](../results/fmnist_c.json))."]
+                  f"{_provenance(run, 'fmnist_c')}."]
     return "\n".join(lines)
-
-
-def _provenance(run, name):
-    """'HOST, commit C ([results/NAME.json](...))'; a run transcribed from the docs names the commit that wrote it."""
-    commit = run["commit"][:12] if run.get("commit") else (
-        f"not recorded; figures first written in {run['recorded_in'][:12]}" if run.get("recorded_in")
-        else "not recorded")
-    return f"{run['host']['name']}, commit {commit} ([results/{name}.json](../results/{name}.json))"
 
 
 def render_bn_training(name):
@@ -134,21 +132,27 @@ def render_bn_training(name):
 
 
 def _count(n):
-    """272 K / 1.73 M / 4.09 G: three significant digits (experiments/models_table.py's human)."""
+    """272 K / 1.73 M / 4.09 G: three significant digits."""
     for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return str(n)
 
 
+MODELS_HEAD = ["| model | params | MACs | input | BN features verified |", "|---|---|---|---|---|"]
+
+
+def model_row(name, m):
+    """One model's row of the models table (experiments/models_table.py prints the same rows as it counts)."""
+    return (f"| `{name}` | {_count(m['params'])} | {_count(m['macs'])} | {m['input']} | "
+            f"{m['features']} ({m['verified_on']}) |")
+
+
 def render_models(data):
     """Every model name: parameters, MACs at its default input, that input, the BN features verified (and on which
     model of its family)."""
     run = last_table_run(data)
-    lines = ["| model | params | MACs | input | BN features verified |", "|---|---|---|---|---|"]
-    for model, m in run["figures"]["models"].items():
-        lines.append(f"| `{model}` | {_count(m['params'])} | {_count(m['macs'])} | {m['input']} | "
-                     f"{m['features']} ({m['verified_on']}) |")
+    lines = MODELS_HEAD + [model_row(name, m) for name, m in run["figures"]["models"].items()]
     lines += ["", f"Counted on {_provenance(run, 'models')}."]
     return "\n".join(lines)
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from .checks import CheckFailed, check_values
 from .defaults import BaseConfig
 
-__all__ = ["ConfigError", "RUN_CONFIG", "as_recorded", "load_config", "parse_overrides", "flatten", "config_diff", "run_dir_of",
-           "default_output_dir"]
+__all__ = ["ConfigError", "RUN_CONFIG", "as_recorded", "load_config", "parse_overrides", "flatten", "config_diff",
+           "run_dir_of", "default_output_dir"]
 
 RUN_CONFIG = "config.json"  # the resolved config in a run directory
 

@@ -62,7 +62,13 @@ def peak_factor(solver: Any) -> float:
     Args:
         solver: the config's solver section.
     """
-    return max(schedule_factor(solver.max_epoch * i / _PEAK_SAMPLES, solver) for i in range(_PEAK_SAMPLES))
+    return _highest_factor(solver, 0)
+
+
+def _highest_factor(solver: Any, start: float) -> float:
+    """The schedule's highest factor from epoch `start` to the end (2,000 evenly spaced points)."""
+    span = solver.max_epoch - start
+    return max(schedule_factor(start + span * i / _PEAK_SAMPLES, solver) for i in range(_PEAK_SAMPLES))
 
 
 def schedule_warning(solver: Any, base_lr: float) -> Optional[str]:
@@ -93,9 +99,7 @@ def frozen_lr_factor(solver: Any, frozen_epochs: int) -> float:
         solver: the config's solver section.
         frozen_epochs: how many epochs at the end of the run.
     """
-    start = max(solver.max_epoch - frozen_epochs, 0)
-    span = solver.max_epoch - start
-    return max(schedule_factor(start + span * i / _PEAK_SAMPLES, solver) for i in range(_PEAK_SAMPLES))
+    return _highest_factor(solver, max(solver.max_epoch - frozen_epochs, 0))
 
 
 def freeze_warning(solver: Any, freeze_last_epochs: int, base_lr: float) -> Optional[str]:
@@ -114,6 +118,6 @@ def freeze_warning(solver: Any, freeze_last_epochs: int, base_lr: float) -> Opti
         return None
     return (f"bn.freeze_last_epochs={freeze_last_epochs}: the lr of the frozen epochs reaches {base_lr * frozen:.3g}, "
             f"{frozen / peak:.2g} of the peak {base_lr * peak:.3g}; frozen BN statistics cost accuracy above "
-            f"{FREEZE_LR_FRACTION:g} of the peak, up to 14 points (docs/bn_training.md): freeze only epochs at "
-            f"most that (e.g. solver.lr_schedule='step' with a last decay step at epoch "
+            f"{FREEZE_LR_FRACTION:g} of the peak in every schedule measured (docs/bn_training.md): freeze only "
+            f"epochs at most that (e.g. solver.lr_schedule='step' with a last decay step at epoch "
             f"{solver.max_epoch - freeze_last_epochs:g}), or set bn.freeze_last_epochs=0")

@@ -8,7 +8,6 @@ builds into a new folder. Only a result that ``keep`` accepts (a build whose eve
 failure is built again next time. Processes that need one key at once (pytest-xdist workers, two runs) wait on an
 flock for the first one's build. Delete the folder to build everything afresh.
 """
-import fcntl
 import functools
 import hashlib
 import os
@@ -16,6 +15,8 @@ import pickle
 import re
 import shutil
 import subprocess
+
+from basebn.utils.fs import file_lock
 
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "basebn", "test-builds")
 _RESULT = "result.pickle"
@@ -67,20 +68,16 @@ def cached_build(name, key, make, keep=lambda result: True):
     parent = os.path.join(CACHE_DIR, name)
     os.makedirs(parent, exist_ok=True)
     folder = os.path.join(parent, key[:32])
-    with open(folder + ".lock", "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            result_file = os.path.join(folder, _RESULT)
-            if os.path.exists(result_file):
-                with open(result_file, "rb") as f:
-                    return pickle.load(f)
-            shutil.rmtree(folder, ignore_errors=True)  # a build that did not finish, or was not kept
-            os.makedirs(folder)
-            result = make(folder)
-            if keep(result):
-                with open(result_file + ".tmp", "wb") as f:
-                    pickle.dump(result, f)
-                os.replace(result_file + ".tmp", result_file)
-            return result
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    with file_lock(folder + ".lock"):
+        result_file = os.path.join(folder, _RESULT)
+        if os.path.exists(result_file):
+            with open(result_file, "rb") as f:
+                return pickle.load(f)
+        shutil.rmtree(folder, ignore_errors=True)  # a build that did not finish, or was not kept
+        os.makedirs(folder)
+        result = make(folder)
+        if keep(result):
+            with open(result_file + ".tmp", "wb") as f:
+                pickle.dump(result, f)
+            os.replace(result_file + ".tmp", result_file)
+        return result
