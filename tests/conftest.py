@@ -15,11 +15,10 @@ from tests.support.cuda_build import NVCC, build as build_cuda, cache_key as cud
 from tests.support.mpi_launch import mpi_skip_reason
 from tests.support.shared_build import build_once
 
-# marked `serial` (node ids, or their beginnings): the file whose MPI test shares the module's planted-library build;
-# the check that orphan data workers are gone within seconds of a signal; the page-fault count of glibc's default
-# heap, which depends on which of MegEngine's threads frees a block first, and so on the load
-SERIAL_TESTS = ("tests/integration/test_selfcheck_fallback.py::",
-                "tests/integration/test_data_workers_cli.py::test_no_orphan_workers_when_the_trainer_is_stopped",
+# marked `serial` (node ids, or their beginnings): the check that orphan data workers are gone within seconds of a
+# signal; the page-fault count of glibc's default heap, which depends on which of MegEngine's threads frees a block
+# first, and so on the load
+SERIAL_TESTS = ("tests/integration/test_data_workers_cli.py::test_no_orphan_workers_when_the_trainer_is_stopped",
                 "tests/utils/test_cpu_runtime.py::test_megengine_tensors_are_not_faulted_in_again_each_step")
 # the files that take minutes (nvcc and C++ builds, many CLI runs): started first in the parallel step
 LONG_FILES = ("tests/ops/test_kernels_cuda_compile.py", "tests/tools/test_cuda_harness.py",

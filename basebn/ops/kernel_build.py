@@ -318,7 +318,9 @@ def kernel_build_spec(with_cuda, cuda_archs=CUDA_ARCHS, onednn=_AUTO):
     ldflags = list(_LDFLAGS)
     include_dirs = [src_dir]
     if onednn is not None:
-        sources += [os.path.join(src_dir, f) for f in _DNNL_SOURCES]
+        # listed first, so ninja starts them first: a oneDNN they do not build against fails the build early, not
+        # after the BN sources (which the BN-only library that follows compiles again)
+        sources[:0] = [os.path.join(src_dir, f) for f in _DNNL_SOURCES]
         headers += [os.path.join(src_dir, f) for f in _DNNL_HEADERS]
         # -fopenmp: the conv ops set the thread count of libdnnl's OpenMP (GNU) runtime
         cflags += ["-DBASEBN_WITH_DNNL", "-fopenmp"]

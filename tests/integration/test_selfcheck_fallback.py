@@ -1,8 +1,9 @@
 """The self-check's failure path on CPU: a kernel library built from sources with a planted wrong constant.
 
 The copy of basebn/ops/csrc multiplies every normalised value by 1.01 (bn_math.h, bn_normalize_elem); it
-is built BN-only (no oneDNN: seconds) with $BASEBN_KERNEL_DIR and a fresh $BASEBN_KERNEL_CACHE, in
-subprocesses (MegEngine loads one custom-op library per process). The self-check must fail naming
+is built BN-only (no oneDNN) with $BASEBN_KERNEL_DIR and a fresh $BASEBN_KERNEL_CACHE, once per machine state and
+kept between runs (tests/support/build_cache.py), and each module's processes load a copy of that cache
+(MegEngine loads one custom-op library per process). The self-check must fail naming
 bn_normalize, the fused BN-activation forwards built on the same per-element function, and the fused backwards
 whose SiLU / HSwish cases recompute the pre-activation with it (NORMALIZE_OPS), and nothing else; training
 must warn once and then train exactly as the pure-MegEngine BN ops do (CPU training is deterministic), and, with
@@ -10,40 +11,86 @@ BASEBN_SELFCHECK=0, differently (the planted error reaches training, so the chec
 """
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 
+import megengine as mge
 import pytest
+from megengine.core.ops.custom import get_custom_op_abi_tag
+from megengine.utils import custom_op_tools as cot
 
-from basebn.ops import kernel_build
+from basebn.ops import kernel_build, kernel_library
 from tests.support import ROOT
+from tests.support.build_cache import build_key, cached_build, local_includes
 from tests.support.cli import PY, metrics, run
 from tests.support.mpi_launch import find_mpiexec
 
 CORRECT = "return (x - mean) * scale + bias;"
 PLANTED = "return (x - mean) * scale * 1.01f + bias;"
 WARNING = "basebn self-check:"
+BUILD = """
+from basebn.ops import kernel_library
+lib = kernel_library.load_kernels()
+assert lib is not None and not lib["conv"], (lib, kernel_library.kernel_error())
+"""
 # the ops that compute bn_normalize_elem: the plain normalisation, the fused BN -> activation (-> add) forwards, and
 # the fused backwards (reduce, elemt), whose SiLU / HSwish cases recompute the pre-activation with it
 NORMALIZE_OPS = ["bn_normalize", "bn_act_normalize", "bn_add_act_normalize", "bn_act_backward_reduce",
                  "bn_act_backward_elemt", "bn_act_train_forward", "bn_act_train_backward"]
 
 
-@pytest.fixture(scope="module")
-def bad_env(tmp_path_factory):
-    """Environment of a process that builds and loads the planted library (built once, here)."""
-    root = tmp_path_factory.mktemp("planted")
-    src = root / "kernels"
-    shutil.copytree(kernel_build.kernel_source_dir(), src)
-    math_h = src / "bn_math.h"
+def _planted_env(root):
+    """The environment of a process on the planted sources in ``root``/kernels and the kernel cache ``root``/cache."""
+    env = dict(os.environ, PYTHONPATH=ROOT, BASEBN_KERNEL_DIR=str(root / "kernels"),
+               BASEBN_KERNEL_CACHE=str(root / "cache"), BASEBN_ONEDNN_ROOT=str(root / "no-onednn"),
+               BASEBN_KERNEL_CUDA="0")
+    for var in ("BASEBN_BN_BACKEND", "BASEBN_CONV_BACKEND", "BASEBN_SELFCHECK"):
+        env.pop(var, None)
+    return env
+
+
+def _build_planted(folder):
+    """Plant the wrong constant in a copy of the sources in ``folder``/kernels and build the BN-only library from them
+    into the kernel cache ``folder``/cache, in a subprocess; returns its exit status, its output and ``folder``."""
+    root = pathlib.Path(folder)
+    shutil.copytree(kernel_build.kernel_source_dir(), root / "kernels")
+    math_h = root / "kernels" / "bn_math.h"
     text = math_h.read_text()
     assert text.count(CORRECT) == 1, "bn_math.h changed: update the planted constant"
     math_h.write_text(text.replace(CORRECT, PLANTED))
-    env = dict(os.environ, PYTHONPATH=ROOT, BASEBN_KERNEL_DIR=str(src), BASEBN_KERNEL_CACHE=str(root / "cache"),
-               BASEBN_ONEDNN_ROOT=str(root / "no-onednn"), BASEBN_KERNEL_CUDA="0")
-    for var in ("BASEBN_BN_BACKEND", "BASEBN_CONV_BACKEND", "BASEBN_SELFCHECK"):
-        env.pop(var, None)
-    r = run(["basebn.tools.selfcheck", "--quick", "--json"], env=env)  # builds the library
+    r = subprocess.run([PY, "-c", BUILD], cwd=ROOT, env=_planted_env(root), capture_output=True, text=True, timeout=600)
+    return r.returncode, r.stdout + r.stderr, str(root)
+
+
+def _planted_build_key():
+    """What the planted library depends on (tests/support/build_cache.py): the BN-only build's sources and the local
+    headers they include, the planted replacement, the flags, MegEngine (version, ABI, build script), the compiler,
+    ninja, and the Python code that drives the build and writes its record."""
+    spec = kernel_build.kernel_build_spec(False, onednn=None)
+    files = sorted(set(local_includes(spec.sources)) | set(spec.headers))
+    code = [cot.__file__, kernel_build.__file__, kernel_library.__file__]
+    return build_key(files + code, (os.environ.get("CXX", "c++"), "ninja"),
+                     (CORRECT, PLANTED, spec.cflags, spec.ldflags, mge.__version__, str(get_custom_op_abi_tag())))
+
+
+@pytest.fixture(scope="module")
+def bad_env(tmp_path_factory):
+    """Environment of a process that loads the planted library, and the first self-check's outcome on it.
+
+    The library is built once per machine state (:func:`cached_build`, keyed by :func:`_planted_build_key`); each
+    module gets its own copy of the sources and of the kernel cache (the self-check verdicts the tests write land
+    there), and runs the first self-check itself."""
+    status, output, folder = cached_build("selfcheck_planted", _planted_build_key(), _build_planted,
+                                          keep=lambda result: result[0] == 0)
+    assert status == 0, output
+    built = pathlib.Path(folder)
+    root = tmp_path_factory.mktemp("planted")
+    shutil.copytree(built / "kernels", root / "kernels")
+    shutil.copytree(built / "cache", root / "cache",
+                    ignore=shutil.ignore_patterns("selfcheck-*", "build.flock", "lock"))
+    env = _planted_env(root)
+    r = run(["basebn.tools.selfcheck", "--quick", "--json"], env=env)
     env["FIRST_SELFCHECK"] = json.dumps([r.returncode, r.stdout, r.stderr])
     return env
 

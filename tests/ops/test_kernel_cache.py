@@ -17,6 +17,7 @@ import pytest
 
 from basebn.ops import kernel_build, kernel_library
 from tests.support import ROOT
+from tests.support.ninja_dates import redate_build
 
 PROBE = """
 import numpy as np, megengine as mge
@@ -71,12 +72,17 @@ def _sha256(path):
 
 @pytest.fixture
 def cache_copy(tmp_path):
-    """A copy of this process's built kernel cache: (cache root, build dir, library path, the library's bytes)."""
+    """A copy of this process's built kernel cache: (cache root, build dir, library path, the library's bytes).
+
+    The copy is in the state right after its build: its objects, and the times ninja recorded for them, are dated
+    after every source and header they were compiled from (:func:`redate_build`), so a rebuild only relinks, also
+    where the cache was built from an earlier checkout of the same sources (its key hashes contents, not times)."""
     lib = kernel_library.kernel_library()
     if lib is None or not lib.get("conv"):
         pytest.skip(f"the kernel library with oneDNN is not built here: {kernel_library.kernel_error()}")
     build_dir = tmp_path / "cache" / os.path.basename(lib["build_dir"])
     shutil.copytree(lib["build_dir"], build_dir, ignore=shutil.ignore_patterns("selfcheck-*", "build.flock", "lock"))
+    redate_build(str(build_dir))
     path = build_dir / os.path.basename(lib["path"])
     return tmp_path / "cache", build_dir, path, path.read_bytes()
 
