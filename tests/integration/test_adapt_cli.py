@@ -8,6 +8,7 @@ import pytest
 
 from basebn.checkpoint import load_checkpoint
 from tests.support.cli import run
+from tests.support.cli_batch import run_mains
 
 CONFIG = """
 from basebn.config import BaseConfig
@@ -17,7 +18,7 @@ class Cfg(BaseConfig):
         self.merge(dict(batch_size=32, seed=3,
             data=dict(name="synthetic", image_size=12, train_size=1000, test_size=200, pad=1, prefetch=False),
             model=dict(name="resnet20", base_width=8), model_ema=dict(enabled=True),
-            solver=dict(max_epoch=4, warmup_epochs=1, basic_lr=0.4), log_every_n_iter=100))
+            solver=dict(max_epoch=2, warmup_epochs=1, basic_lr=0.4), log_every_n_iter=100))
 """
 # the training normalisation is mean 74.2, std 68.3: these test images are brighter and of higher contrast
 SHIFT = ["data.mean=[10]", "data.std=[30]"]
@@ -34,17 +35,25 @@ def trained(tmp_path_factory):
     return str(cfg), run_dir, root
 
 
+def _tests(cfg, *calls):
+    """(the JSON result, stderr) of `basebn.test cfg -w WEIGHTS SHIFT --json ARGS` for each (WEIGHTS, *ARGS) of
+    calls, all in one process (tests/support/cli_batch.py)."""
+    results = run_mains([("basebn.test", [cfg, "-w", weights, *SHIFT, "--json", *args]) for weights, *args in calls])
+    for r in results:
+        assert r.returncode == 0, r.stderr
+    return [(json.loads(r.stdout.strip().splitlines()[-1]), r.stderr) for r in results]
+
+
 def _test(cfg, run_dir, *args):
-    r = run(["basebn.test", cfg, "-w", run_dir, *SHIFT, "--json", *args])
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+    (result,) = _tests(cfg, (run_dir, *args))
+    return result
 
 
 def test_every_adaptation_beats_none_under_a_shift(trained):
     cfg, run_dir, _ = trained
-    none, _ = _test(cfg, run_dir)
-    for method in ("bn_batch", "adabn", "tent"):
-        result, log = _test(cfg, run_dir, "--adapt", method)
+    methods = ("bn_batch", "adabn", "tent")
+    (none, _), *adapted = _tests(cfg, (run_dir,), *[(run_dir, "--adapt", method) for method in methods])
+    for method, (result, log) in zip(methods, adapted):
         assert result["images"] == 200
         assert result["top1"] > none["top1"], (method, result, none)
         assert result["loss"] < none["loss"], (method, result, none)
@@ -54,13 +63,12 @@ def test_every_adaptation_beats_none_under_a_shift(trained):
 def test_save_adapted_writes_weights_that_reproduce_adabn(trained, tmp_path):
     cfg, run_dir, _ = trained
     out = str(tmp_path / "adapted.npz")
-    adapted, _ = _test(cfg, run_dir, "--adapt", "adabn", "--save-adapted", out)
+    (adapted, _), (plain, _) = _tests(cfg, (run_dir, "--adapt", "adabn", "--save-adapted", out), (out,))
     payload = load_checkpoint(out)
     source = load_checkpoint(os.path.join(run_dir, "final.npz"))["model"]
     assert set(payload["model"]) == set(source)
     np.testing.assert_array_equal(payload["model"]["conv1.weight"], source["conv1.weight"])  # weights kept
     assert not np.allclose(payload["model"]["bn1.running_mean"], source["bn1.running_mean"])  # statistics new
-    plain, _ = _test(cfg, out)
     assert plain["top1"] == adapted["top1"] and plain["loss"] == pytest.approx(adapted["loss"], rel=1e-5)
     before = open(out, "rb").read()
     r = run(["basebn.test", cfg, "-w", run_dir, *SHIFT, "--adapt", "tent", "--save-adapted", out])
@@ -72,25 +80,38 @@ def test_save_adapted_writes_weights_that_reproduce_adabn(trained, tmp_path):
 
 def test_ema_weights_adapt_and_episodic_tent_runs(trained):
     cfg, run_dir, _ = trained
-    result, _ = _test(cfg, run_dir, "--ema", "--adapt", "bn_batch")
+    (result, _), episodic = _tests(cfg, (run_dir, "--ema", "--adapt", "bn_batch"),
+                                   (run_dir, "--adapt", "tent", "--episodic", "--adapt-steps", "2",
+                                    "--adapt-optimizer", "sgd", "--adapt-lr", "0.01"))
     assert result["images"] == 200
-    result, log = _test(cfg, run_dir, "--adapt", "tent", "--episodic", "--adapt-steps", "2", "--adapt-optimizer",
-                        "sgd", "--adapt-lr", "0.01")
+    result, log = episodic
     assert result["images"] == 200 and "sgd lr 0.01, 2 step(s) per batch, episodic" in log
 
 
-@pytest.mark.parametrize("args, words", [
+BAD_OPTIONS = [
     (["--adapt", "tent", "--backend", "onnxruntime"], "--backend onnxruntime"),
     (["--adapt", "bn_batch", "--backend", "lite"], "--backend lite"),
     (["--adapt", "adabn", "-w", "model.mge"], "exported model"),
     (["--episodic"], "--adapt tent only"),
     (["--adapt", "tent", "--adapt-steps", "0"], "--adapt-steps"),
     (["--save-adapted", "x.npz"], "needs an adaptation method"),
-])
-def test_bad_adapt_options_are_one_line(tmp_path, args, words):
-    cfg = tmp_path / "cfg.py"
+]
+
+
+@pytest.fixture(scope="module")
+def bad_options(tmp_path_factory):
+    """{tuple(ARGS): the result of `basebn.test CONFIG -w MISSING ARGS`} for the ARGS of BAD_OPTIONS, all in one
+    process (each ends at its start: tests/support/cli_batch.py)."""
+    folder = tmp_path_factory.mktemp("bad_options")
+    cfg = folder / "cfg.py"
     cfg.write_text(CONFIG)
-    r = run(["basebn.test", str(cfg), "-w", str(tmp_path / "missing"), *args])
+    results = run_mains([("basebn.test", [str(cfg), "-w", str(folder / "missing"), *args]) for args, _ in BAD_OPTIONS])
+    return {tuple(args): r for (args, _), r in zip(BAD_OPTIONS, results)}
+
+
+@pytest.mark.parametrize("args, words", BAD_OPTIONS)
+def test_bad_adapt_options_are_one_line(bad_options, args, words):
+    r = bad_options[tuple(args)]
     assert r.returncode == 2, r.stderr
     assert words in r.stderr and "Traceback" not in r.stderr
     assert len([line for line in r.stderr.splitlines() if line.startswith("error:")]) == 1

@@ -12,12 +12,24 @@ import pytest
 
 from basebn.checkpoint import load_checkpoint
 from tests.support import ROOT
-from tests.support.cli import PY, TINY, metrics, run
+from tests.support.cli import PY, TINY, metrics, run, train_one_epoch
+from tests.support.cli_batch import run_mains
 
-def test_train_then_test_end_to_end(tiny, tmp_path):
-    run_dir = str(tmp_path / "run")
-    r = run(["basebn.train", tiny, f"output_dir={run_dir}"])
-    assert r.returncode == 0, r.stderr
+# the reference run's config: TINY with 3 training iterations an epoch, not 6 (the kill test starts 2 processes per
+# checkpoint write of it); its epoch 2 still improves on epoch 1, so best.npz is written at both epochs
+REFERENCE = TINY.replace("train_size=96", "train_size=48")
+assert REFERENCE != TINY
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    """(tiny config path, run directory) of `python -m basebn.train TINY solver.max_epoch=1`, for the tests that
+    read such a run, or copy it to change it."""
+    return train_one_epoch(tmp_path_factory.mktemp("one_epoch"))[:2]
+
+
+def test_train_then_test_end_to_end(reference):
+    tiny, run_dir, _ = reference  # `python -m basebn.train`'s main(argv), run uninterrupted
     rows = metrics(run_dir)
     assert [m["epoch"] for m in rows] == [1, 2]
     assert all(m["images"] == 37 and 0 <= m["top1"] <= m["top5"] <= 100 for m in rows)
@@ -31,29 +43,28 @@ def test_train_then_test_end_to_end(tiny, tmp_path):
     assert result["top1"] == pytest.approx(rows[-1]["top1"])
 
 
-def test_resume_after_sigkill_matches_uninterrupted(tiny, tmp_path):
-    full, killed = str(tmp_path / "full"), str(tmp_path / "killed")
-    args = ["solver.max_epoch=4"]
-    assert run(["basebn.train", tiny, f"output_dir={full}", *args]).returncode == 0
+def test_resume_after_sigkill_matches_uninterrupted(reference, tmp_path):
+    tiny, full, _ = reference
+    killed = str(tmp_path / "killed")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([PY, "-m", "basebn.train", tiny, f"output_dir={killed}", *args], cwd=ROOT, env=env,
+    proc = subprocess.Popen([PY, "-m", "basebn.train", tiny, f"output_dir={killed}"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = os.path.join(killed, "latest.npz")
     deadline = time.time() + 300
     while not os.path.exists(latest) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+        time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    r = run(["basebn.train", tiny, f"output_dir={killed}", *args, "--resume"])
+    assert proc.wait() == -signal.SIGKILL  # killed in epoch 2, not ended by itself
+    r = run(["basebn.train", tiny, f"output_dir={killed}", "--resume"])
     assert r.returncode == 0, r.stderr
     a, b = metrics(full), metrics(killed)
-    assert [m["epoch"] for m in b] == [1, 2, 3, 4]  # no epoch counted twice
+    assert [m["epoch"] for m in b] == [1, 2]  # no epoch counted twice
     assert a[-1] == b[-1]  # identical final metrics (CPU is deterministic here)
 
 
-def test_a_diverged_run_stops_and_keeps_last_checkpoint(tiny, tmp_path):
-    run_dir = str(tmp_path / "run")
-    assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
+def test_a_diverged_run_stops_and_keeps_last_checkpoint(one_epoch, tmp_path):
+    tiny, run_dir = one_epoch[0], str(tmp_path / "run")
+    shutil.copytree(one_epoch[1], run_dir)
     before = open(os.path.join(run_dir, "latest.npz"), "rb").read()
     r = run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=3", "solver.basic_lr=1e30",
              "solver.warmup_epochs=0", "--resume", "--allow-config-change"])
@@ -66,34 +77,34 @@ def test_a_diverged_run_stops_and_keeps_last_checkpoint(tiny, tmp_path):
 
 
 def test_user_errors_are_one_line(tiny, tmp_path):
-    r = run(["basebn.train", tiny, "solver.max_epochs=3"])
-    assert r.returncode == 2 and "did you mean 'solver.max_epoch'" in r.stderr and "Traceback" not in r.stderr
-    r = run(["basebn.train", str(tmp_path / "missing.py")])
-    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
-    r = run(["basebn.train", tiny, "num_classes=3", f"output_dir={tmp_path / 'run'}"])
-    assert r.returncode == 2 and "num_classes" in r.stderr and "Traceback" not in r.stderr
-    r = run(["basebn.train", tiny, "data.name=fashion_mnist", f"data.root={tmp_path}", f"output_dir={tmp_path / 'run'}"])
-    assert r.returncode == 2 and str(tmp_path) in r.stderr and "Traceback" not in r.stderr
+    typo, missing, classes, no_data = run_mains([  # each ends before training: one process for the four
+        ("basebn.train", [tiny, "solver.max_epochs=3"]),
+        ("basebn.train", [str(tmp_path / "missing.py")]),
+        ("basebn.train", [tiny, "num_classes=3", f"output_dir={tmp_path / 'run'}"]),
+        ("basebn.train", [tiny, "data.name=fashion_mnist", f"data.root={tmp_path}", f"output_dir={tmp_path / 'run'}"]),
+    ])
+    for r, words in ((typo, "did you mean 'solver.max_epoch'"), (missing, "does not exist"), (classes, "num_classes"),
+                     (no_data, str(tmp_path))):
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (words, r.stderr)
 
 
-def test_test_cli_rejects_other_architecture_and_corrupt_file(tiny, tmp_path):
-    run_dir = str(tmp_path / "run")
-    assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
-    r = run(["basebn.test", tiny, "-w", run_dir, "model.name=resnet32"])
-    assert r.returncode == 2 and "Traceback" not in r.stderr  # the checkpoint's config says why, in one line
-    assert "was trained with model.name='resnet20' (the config gives 'resnet32')" in r.stderr.splitlines()[-1]
+def test_test_cli_rejects_other_architecture_and_corrupt_file(one_epoch, tmp_path):
+    tiny, run_dir = one_epoch
     bad = tmp_path / "bad.npz"
     bad.write_bytes(open(os.path.join(run_dir, "final.npz"), "rb").read()[:100])
-    r = run(["basebn.test", tiny, "-w", str(bad)])
-    assert r.returncode == 2 and "truncated or corrupt" in r.stderr and "Traceback" not in r.stderr
+    other, corrupt = run_mains([("basebn.test", [tiny, "-w", run_dir, "model.name=resnet32"]),
+                                ("basebn.test", [tiny, "-w", str(bad)])])
+    assert other.returncode == 2 and "Traceback" not in other.stderr  # the checkpoint's config says why, in one line
+    assert "was trained with model.name='resnet20' (the config gives 'resnet32')" in other.stderr.splitlines()[-1]
+    assert corrupt.returncode == 2 and "truncated or corrupt" in corrupt.stderr and "Traceback" not in corrupt.stderr
 
 
-def test_zoo_export_then_evaluate_and_finetune_from_entry(tiny, tmp_path):
+def test_zoo_export_then_evaluate_and_finetune_from_entry(one_epoch, tmp_path):
     run_dir, zoo_dir = str(tmp_path / "run"), tmp_path / "zoo"
     zoo_dir.mkdir()
-    tiny = shutil.copy(tiny, zoo_dir / "tiny.py")  # an entry's config lives in its zoo folder
+    tiny = shutil.copy(one_epoch[0], zoo_dir / "tiny.py")  # an entry's config lives in its zoo folder
     env = {"BASEBN_ZOO": str(zoo_dir)}
-    assert run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"]).returncode == 0
+    shutil.copytree(one_epoch[1], run_dir)  # trained by this config's text, solver.max_epoch=1
     r = run(["basebn.tools.zoo_export", run_dir, "tiny_r20", "--config", tiny, "--command", "test"],
             env=dict(os.environ, PYTHONPATH=ROOT, **env))
     assert r.returncode == 0, r.stderr
@@ -106,7 +117,7 @@ def test_zoo_export_then_evaluate_and_finetune_from_entry(tiny, tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["top1"] == pytest.approx(entry["top1"], abs=0.05)
     r = run(["basebn.train", tiny, f"output_dir={tmp_path / 'ft'}", "solver.max_epoch=1", "model.weights=zoo:tiny_r20",
-             "bn.norm_eval=True"], env=dict(os.environ, PYTHONPATH=ROOT, **env))
+             "bn.norm_eval=True", "data.train_size=16"], env=dict(os.environ, PYTHONPATH=ROOT, **env))  # 1 step
     assert r.returncode == 0, r.stderr
     assert "loaded weights from zoo:tiny_r20" in r.stderr
     with open(zoo_dir / "tiny_r20.npz", "ab") as f:  # a damaged file is refused
@@ -115,9 +126,8 @@ def test_zoo_export_then_evaluate_and_finetune_from_entry(tiny, tmp_path):
     assert r.returncode == 2 and "sha256" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_trace_flag_trains_like_eager(tiny, tmp_path):
-    eager, traced = str(tmp_path / "eager"), str(tmp_path / "traced")
-    assert run(["basebn.train", tiny, f"output_dir={eager}", "solver.max_epoch=1"]).returncode == 0
+def test_trace_flag_trains_like_eager(one_epoch, tmp_path):
+    (tiny, eager), traced = one_epoch, str(tmp_path / "traced")
     r = run(["basebn.train", tiny, f"output_dir={traced}", "solver.max_epoch=1", "trace=True"])
     assert r.returncode == 0, r.stderr
     assert metrics(traced)[-1]["loss"] == pytest.approx(metrics(eager)[-1]["loss"], rel=1e-3)
@@ -171,15 +181,16 @@ def assert_same_run(reference, other, names=CKPTS):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted 2-epoch run of the tiny config, and how many checkpoint writes it made."""
+    """(config path, run directory, checkpoint writes) of an uninterrupted 2-epoch run of REFERENCE."""
     folder = tmp_path_factory.mktemp("reference")
     tiny = folder / "tiny.py"
-    tiny.write_text(TINY)
+    tiny.write_text(REFERENCE)
     run_dir = str(folder / "run")
     r = run_killed(str(tiny), run_dir, -1)
     assert r.returncode == 0, r.stderr
     writes = int(r.stdout.split("checkpoint writes: ")[1].split()[0])
     assert writes >= 6  # best, epoch_1, latest; (best), epoch_2, latest; final
+    assert content(os.path.join(run_dir, "latest.npz"))[1]["best_epoch"] == 2  # so (best) is a write to kill at
     return str(tiny), run_dir, writes
 
 
@@ -297,7 +308,7 @@ def test_other_model_families_train_and_evaluate_from_the_cli(tiny, tmp_path, na
     """model.name takes any family (the tiny config's ResNet-only base_width reset: other families refuse it)."""
     run_dir = str(tmp_path / "run")
     r = run(["basebn.train", tiny, f"model.name={name}", "model.base_width=None", "data.image_size=16",
-             "solver.max_epoch=1", f"output_dir={run_dir}"])
+             "solver.max_epoch=1", "data.train_size=16", f"output_dir={run_dir}"])  # one step
     assert r.returncode == 0, r.stderr[-2000:]
     (row,) = metrics(run_dir)
     assert row["epoch"] == 1 and row["images"] == 37

@@ -32,6 +32,15 @@ def run(args, env=None):
     return subprocess.run([PY, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
+def train_one_epoch(folder):
+    """(TINY's path, run directory, stderr) of `python -m basebn.train TINY solver.max_epoch=1` run in `folder`."""
+    tiny = write_config(folder, TINY, "tiny.py")
+    run_dir = str(folder / "run")
+    r = run(["basebn.train", tiny, f"output_dir={run_dir}", "solver.max_epoch=1"])
+    assert r.returncode == 0, r.stderr
+    return tiny, run_dir, r.stderr
+
+
 def metrics(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
