@@ -4,7 +4,7 @@ import numpy as np
 
 import megengine as mge
 
-from basebn.deploy import eager_logits, graph_to_onnx, prepare_for_export, trace_graph
+from basebn.deploy import eager_logits, graph_to_onnx, trace_graph
 from basebn.layers.norm import bn_layers
 from basebn.layers.precise_bn import update_bn_stats
 from basebn.utils.fs import atomic_write_bytes
@@ -28,9 +28,9 @@ def randomize_bn(model, seed=0, input_shape=None):
     return model
 
 
-def export_both(model, tmp_path, input_shape):
-    """(mge path, onnx path, TracedGraph) of `model` prepared and traced once."""
-    traced = trace_graph(prepare_for_export(model, np.zeros(input_shape, np.float32)), input_shape)
+def export_both(prepared, tmp_path, input_shape):
+    """(mge path, onnx path, TracedGraph) of `prepared` (prepare_for_export's copy of a model) traced once."""
+    traced = trace_graph(prepared, input_shape)
     mge_path, onnx_path = str(tmp_path / "model.mge"), str(tmp_path / "model.onnx")
     atomic_write_bytes(mge_path, traced.optimized)
     atomic_write_bytes(onnx_path, graph_to_onnx(traced).SerializeToString())

@@ -231,8 +231,22 @@ def test_efficient_conv_bn_gradients_equal_plain(family):
     assert_same_eval_gradients(model, plain, x, head)
 
 
+@pytest.fixture(scope="module")
+def default_model():
+    """family -> its representative built with the defaults (10 classes), built on first use and shared by the
+    tests that only read it."""
+    models = {}
+
+    def get(family):
+        if family not in models:
+            name, kwargs, _ = REPRESENTATIVES[family]
+            models[family] = build_model(name, num_classes=10, **kwargs)
+        return models[family]
+    return get
+
+
 @pytest.mark.parametrize("family", sorted(ZERO_INIT_FAMILIES_EXPECTED))
-def test_zero_init_residual(family):
+def test_zero_init_residual(family, default_model):
     name, kwargs, _ = REPRESENTATIVES[family]
     model = build_model(name, num_classes=10, zero_init_residual=True, **kwargs)
     norms = last_norms(model)
@@ -240,7 +254,7 @@ def test_zero_init_residual(family):
     assert all(np.all(n.weight.numpy() == 0) for n in norms)
     others = [m for m in model.modules() if is_bn(m) and all(m is not n for n in norms)]
     assert all(np.all(m.weight.numpy() == 1) for m in others)
-    default = build_model(name, num_classes=10, **kwargs)
+    default = default_model(family)
     zero_by_default = family in ("cifar_resnet", "resnet")  # basebn's ResNet zero-inits by default; basecls's do not
     assert all(np.all(n.weight.numpy() == 0) == zero_by_default for n in last_norms(default))
 
@@ -261,9 +275,9 @@ def test_constructors_fill_in_their_bn_defaults_for_none(family):
     assert bns and all(m.momentum == momentum and m.eps == eps for m in bns)
 
 
-def test_zero_init_families_table_matches_the_models():
+def test_zero_init_families_table_matches_the_models(default_model):
     """models.ZERO_INIT_FAMILIES (what model.zero_init_residual applies to) is exactly the families whose built
     models have residual blocks ending in a norm."""
     assert set(ZERO_INIT_FAMILIES) == ZERO_INIT_FAMILIES_EXPECTED
-    for family, (name, kwargs, _) in REPRESENTATIVES.items():
-        assert bool(last_norms(build_model(name, num_classes=10, **kwargs))) == (family in ZERO_INIT_FAMILIES), family
+    for family in REPRESENTATIVES:
+        assert bool(last_norms(default_model(family))) == (family in ZERO_INIT_FAMILIES), family

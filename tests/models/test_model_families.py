@@ -25,6 +25,7 @@ from basebn.layers.se import SqueezeExcite, se_width
 from basebn.models import MODEL_TABLE, build_model, list_models, load_weights, model_info, reparameterize
 from basebn.tools.summary import state_dict_sha256
 from tests.support import ROOT
+from tests.support.initialisers import initialisers_off
 
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "basecls_param_counts.json")
 with open(FIXTURE) as f:
@@ -32,8 +33,6 @@ with open(FIXTURE) as f:
 TINY_INPUT = {"cifar_resnet": 8, "wide_resnet": 8}  # global-pooled 32-px families; others need 32 (/32)
 BIG = 60_000_000  # models above this many parameters: their build-and-run test is marked slow
 TORCHVISION_KEYS = {"resnet18", "resnet34", "resnet50"}  # basebn's own ResNets keep their (zoo) key names
-INITIALISERS = ("normal_", "uniform_", "zeros_", "ones_", "fill_", "msra_uniform_", "msra_normal_",
-                "xavier_uniform_", "xavier_normal_")
 
 
 def _marks(name):
@@ -50,9 +49,9 @@ def num_params(model):
 
 
 @pytest.fixture
-def no_init(monkeypatch):
-    for name in INITIALISERS:
-        monkeypatch.setattr(M.init, name, lambda *a, **k: None)
+def no_init():
+    with initialisers_off():
+        yield
 
 
 def test_table_names_and_info():
