@@ -20,9 +20,11 @@ from tests.support.shared_build import build_once
 # first, and so on the load
 SERIAL_TESTS = ("tests/integration/test_data_workers_cli.py::test_no_orphan_workers_when_the_trainer_is_stopped",
                 "tests/utils/test_cpu_runtime.py::test_megengine_tensors_are_not_faulted_in_again_each_step")
-# the files that take minutes (nvcc and C++ builds, many CLI runs): started first in the parallel step
-LONG_FILES = ("tests/ops/test_kernels_cuda_compile.py", "tests/tools/test_cuda_harness.py",
-              "tests/ops/test_conv_dnnl.py", "tests/integration/test_train_cli.py")
+# the files that take minutes (every model built, nvcc and C++ builds, many CLI runs): started first in the
+# parallel step, longest first
+LONG_FILES = ("tests/models/test_model_families.py", "tests/ops/test_kernels_cuda_compile.py",
+              "tests/tools/test_cuda_harness.py", "tests/integration/test_train_cli.py",
+              "tests/deploy/test_families.py", "tests/ops/test_conv_dnnl.py")
 
 
 def _file(item):
@@ -40,7 +42,8 @@ def pytest_collection_modifyitems(config, items):
         if item.nodeid.startswith(SERIAL_TESTS):
             item.add_marker(pytest.mark.serial)
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the collection its controller hands out
-        items.sort(key=lambda item: _file(item) not in LONG_FILES)  # (a stable sort: the order within is kept)
+        rank = {name: i for i, name in enumerate(LONG_FILES)}  # the long files in LONG_FILES's order, then the rest
+        items.sort(key=lambda item: rank.get(_file(item), len(LONG_FILES)))  # (stable: the order within is kept)
 
 
 @pytest.fixture(scope="session")
