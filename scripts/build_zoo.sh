@@ -2,7 +2,7 @@
 # Rebuild the Fashion-MNIST zoo runs and the precise-BN/EMA experiment, one after another
 # (2 CPU cores: never two trainings at once; MPICH busy-polls). Finished steps are skipped,
 # interrupted ones resume. Exports (zoo/*.npz, zoo.json) are separate: see zoo/README.md.
-#   scripts/build_zoo.sh            # ~10 h on a quiet 2-core CPU (6 of them the three full-resolution runs)
+#   scripts/build_zoo.sh            # ~11 h on a quiet 2-core CPU (6 of them the three full-resolution runs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -36,4 +36,6 @@ train runs/fmnist_r20_fullres_restart_s42 $PY -m basebn.train configs/fmnist_res
 # a third cycle from zoo:fmnist_r20_fullres_restart (export it first), ~2 h: zoo:fmnist_r20_fullres_restart2, 93.63%
 train runs/fmnist_r20_fullres_restart2_s42 $PY -m basebn.train configs/fmnist_resnet20_fullres_restart.py seed=42 \
   model.weights=zoo:fmnist_r20_fullres_restart
+# the second family: MobileNetV2 x0.5 at 56 px, 18 epochs, ~50 min: zoo:fmnist_mbnetv2_x050
+train runs/fmnist_mbnetv2 $PY -m basebn.train configs/fmnist_mbnetv2.py
 echo "$(date +%T) done"
